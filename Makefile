@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   - creates .venv, installs tunepilot (CPU torch), runs the staged pilot on the tiny model
+#   make test   - creates .venv, installs tunepilot + test tools, runs lint and the tests
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch, pinned for the test/CI set-up only (the package itself does not pin torch).
+TORCH_CPU := torch==2.13.0
+
+.PHONY: venv demo test lint bench clean
+
+$(BIN)/tunepilot: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_CPU)
+	$(BIN)/python -m pip install -q -e ".[torch,dev]"
+	@touch $@
+
+venv: $(BIN)/tunepilot
+
+demo: venv
+	$(BIN)/tunepilot demo
+
+test: venv
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+bench: venv
+	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs

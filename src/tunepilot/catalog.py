@@ -1,0 +1,393 @@
+"""The accelerator catalog: cards, their datasheet numbers, and (example) rental prices.
+
+The numbers live in ``data/catalog.yaml``, each with ``source`` and ``as_of``; this module only
+reads and checks them. A user catalog (``--catalog FILE``) wins: a card there whose id or alias
+names a shipped card replaces the top-level keys it gives (``pricing:`` replaces the whole pricing
+block), a new id is added, and ``replace: true`` replaces the shipped catalog entirely.
+
+Money and percentages are ``Decimal``, read from quoted strings ("2.49"); a YAML float is refused
+because it cannot hold cents exactly. Pure Python (pyyaml + pydantic): no heavy imports here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from datetime import date
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
+
+from tunepilot.errors import UserError
+
+DEFAULT_CATALOG_PATH = Path(__file__).parent / "data" / "catalog.yaml"
+SCHEMA_VERSION = 1
+PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
+_MEMORY_TOLERANCE = 0.10  # memory_bytes may differ from memory_gb x 10^9 by this fraction
+_LAYOUT_HINT = f"See the shipped catalog for the layout: {DEFAULT_CATALOG_PATH}"
+
+
+def _decimal(value: Any) -> Decimal:
+    """Money or a percentage: a quoted decimal string or an int; never a float."""
+    if isinstance(value, float):
+        raise ValueError(f'write it as a quoted decimal string "{value!r}", not the YAML float '
+                         f"{value!r}: a float cannot hold money or percentages exactly")
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = Decimal(value)
+    elif isinstance(value, str):
+        try:
+            value = Decimal(value.strip())
+        except InvalidOperation:
+            raise ValueError(f'{value!r} is not a decimal number; write e.g. "2.49" '
+                             "(no currency sign or unit)") from None
+    if not isinstance(value, Decimal):
+        raise ValueError(f'expected a quoted decimal string such as "2.49", got {value!r}')
+    if not value.is_finite() or value < 0:
+        raise ValueError(f"{value} is not a finite amount >= 0")
+    return value
+
+
+def _as_of(value: Any) -> Any:
+    """``as_of`` as text: YAML reads an unquoted 2026-12-01 as a date."""
+    return value.isoformat() if isinstance(value, date) else value
+
+
+Money = Annotated[Decimal, BeforeValidator(_decimal)]
+Percent = Annotated[Decimal, BeforeValidator(_decimal), Field(le=100)]
+AsOf = Annotated[str, BeforeValidator(_as_of), Field(min_length=1)]
+
+
+def usd_to_cents(usd: Decimal, *, rounding: str | None = None) -> int:
+    """Whole US cents in ``usd``. Exact unless ``rounding`` (e.g. ``decimal.ROUND_HALF_UP``) is
+    given: without it, an amount with a fraction of a cent raises ValueError."""
+    if not isinstance(usd, Decimal):
+        raise TypeError(f"usd_to_cents takes a Decimal, got {type(usd).__name__}")
+    cents = usd.scaleb(2)
+    whole = cents.to_integral_value(rounding=rounding)
+    if rounding is None and whole != cents:
+        raise ValueError(f"{usd} USD is not a whole number of cents; pass rounding= to round it")
+    return int(whole)
+
+
+def cents_to_usd(cents: int) -> Decimal:
+    """``cents`` as a Decimal USD amount with two places (249 -> Decimal('2.49'))."""
+    return Decimal(int(cents)).scaleb(-2)
+
+
+def _tera(value: float) -> float:
+    """x 10^12 without float fuzz (2.039 TB/s -> 2039000000000.0 B/s, not ...000.0002)."""
+    return float(Decimal(repr(value)).scaleb(12))
+
+
+def normalise_card_name(name: str) -> str:
+    """Lowercase, letters and digits only: 'H100-SXM_80GB' -> 'h100sxm80gb'."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Model):
+    """Where the numbers named in ``what`` come from."""
+
+    what: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    as_of: AsOf
+
+
+class PeakTflops(_Model):
+    """Dense (no 2:4 sparsity) peak TFLOP/s per precision; None where the card has no such unit."""
+
+    bf16: float = Field(gt=0)
+    fp16: float | None = Field(default=None, gt=0)
+    fp8: float | None = Field(default=None, gt=0)
+    tf32: float | None = Field(default=None, gt=0)
+    fp32: float | None = Field(default=None, gt=0)
+
+
+class ScaleUp(_Model):
+    """The GPU-to-GPU link inside a node."""
+
+    link: str
+    bandwidth_gbps: float | None = Field(default=None, gt=0)  # GB/s per GPU, all links together
+    notes: str | None = None
+
+
+class Term(_Model):
+    """A reserved term: ``hours`` paid at ``discount_percent`` off the on-demand rate."""
+
+    name: str = Field(min_length=1)
+    hours: int = Field(gt=0)
+    discount_percent: Percent
+
+
+class Cancellation(_Model):
+    """Refund on cancelling a booking: full at least ``full_refund_before_h`` before the start
+    (None: never), ``partial_refund_percent`` later but before it, then the after-start rate."""
+
+    full_refund_before_h: float | None = Field(ge=0)
+    partial_refund_percent: Percent
+    after_start_refund_percent: Percent
+
+
+class OptionPrice(_Model):
+    """An add-on priced per ``unit`` (GB-month, GB, TB-month, hour)."""
+
+    usd: Money
+    unit: str = Field(min_length=1)
+
+
+class Pricing(_Model):
+    """How a card is rented: rate, billing granularity, terms, cancellation, add-ons."""
+
+    on_demand_usd_per_hour: Money
+    billing_increment_s: int = Field(gt=0)  # usage is rounded up to a multiple of this
+    minimum_charge_s: int = Field(ge=0)
+    terms: list[Term] = Field(default_factory=list)
+    cancellation: Cancellation
+    options: dict[str, OptionPrice] = Field(default_factory=dict)
+    source: str = Field(min_length=1)
+    as_of: AsOf
+
+    def term(self, name: str) -> Term:
+        """The term called ``name`` (week, month, ...); UserError listing the known ones."""
+        for term in self.terms:
+            if term.name == name.strip().lower():
+                return term
+        known = ", ".join(t.name for t in self.terms) or "none (on-demand only)"
+        raise UserError("term", f"no term {name!r} for this card.", f"Known terms: {known}.")
+
+
+class Inventory(_Model):
+    """How many of the card can be allocated."""
+
+    count: int = Field(ge=0)
+    source: str = Field(min_length=1)
+
+
+class Card(_Model):
+    """One accelerator: datasheet numbers with ``sources``, pricing, inventory."""
+
+    id: str
+    aliases: list[str] = Field(default_factory=list)
+    name: str
+    vendor: str
+    software_stack: Literal["cuda", "rocm"]
+    memory_gb: float = Field(gt=0)  # as sold, decimal GB (10^9 bytes)
+    memory_bytes: int = Field(gt=0)  # defaults to memory_gb x 10^9
+    peak_tflops: PeakTflops
+    hbm_bandwidth_tbps: float = Field(gt=0)
+    scale_up: ScaleUp
+    tdp_w: int = Field(gt=0)
+    sources: list[Source] = Field(min_length=1)
+    pricing: Pricing
+    inventory: Inventory
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_memory_bytes(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "memory_bytes" not in data:
+            gb = data.get("memory_gb")
+            if isinstance(gb, int | float) and not isinstance(gb, bool):
+                data = {**data, "memory_bytes": round(gb * 1e9)}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> Card:
+        for name in (self.id, *self.aliases):
+            if not normalise_card_name(name):
+                raise ValueError(f"card name {name!r} has no letters or digits")
+        expected = self.memory_gb * 1e9
+        if abs(self.memory_bytes - expected) > _MEMORY_TOLERANCE * expected:
+            raise ValueError(f"memory_bytes {self.memory_bytes} does not match memory_gb "
+                             f"{self.memory_gb:g} (decimal GB, {expected:.0f} bytes)")
+        return self
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Memory as sold, in bytes (a process can use less: runtime context, ECC, driver)."""
+        return self.memory_bytes
+
+    @property
+    def hbm_bandwidth_bytes_per_s(self) -> float:
+        return _tera(self.hbm_bandwidth_tbps)
+
+    def peak_flops(self, precision: str) -> float | None:
+        """Dense peak FLOP/s at ``precision`` (bf16, fp16, fp8, tf32, fp32); None if unsupported."""
+        key = precision.strip().lower()
+        if key not in PRECISIONS:
+            raise UserError("precision", f"unknown precision {precision!r}.",
+                            f"Known precisions: {', '.join(PRECISIONS)}.")
+        tflops = getattr(self.peak_tflops, key)
+        return None if tflops is None else _tera(tflops)
+
+
+class Catalog(_Model):
+    """The cards tunepilot can plan for; look one up with ``get``."""
+
+    schema_version: Literal[1]
+    as_of: AsOf | None = None
+    note: str | None = None
+    cards: list[Card] = Field(min_length=1)
+    _index: dict[str, Card] = PrivateAttr(default_factory=dict)  # normalised id/alias -> card
+    _paths: tuple[Path, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _build_index(self) -> Catalog:
+        for card in self.cards:
+            for name in (card.id, *card.aliases):
+                other = self._index.setdefault(normalise_card_name(name), card)
+                if other.id != card.id:
+                    raise ValueError(f"card name {name!r} is used by both {other.id} and {card.id}")
+        return self
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        """The files this catalog was read from, shipped first."""
+        return self._paths
+
+    def get(self, card_id: str) -> Card:
+        """The card named ``card_id``: its id or an alias in any case and punctuation
+        (``H100-SXM-80GB`` == ``h100`` == ``H100_SXM``), or a prefix of just one card's names."""
+        key = normalise_card_name(card_id)
+        known = f"known cards: {', '.join(card.id for card in self.cards)}."
+        if not key:
+            raise UserError("card", "no card name given.", "K" + known[1:])
+        if key in self._index:
+            return self._index[key]
+        matches = {card.id: card for name, card in self._index.items() if name.startswith(key)}
+        if len(matches) == 1:
+            return next(iter(matches.values()))
+        if matches:
+            raise UserError("card", f"{card_id!r} could be any of {', '.join(matches)}.",
+                            "Give more of the name.")
+        close = difflib.get_close_matches(key, list(self._index), n=3, cutoff=0.6)
+        guesses = list(dict.fromkeys(self._index[name].id for name in close))
+        hint = f"Did you mean {' or '.join(guesses)}? {known}" if guesses else "K" + known[1:]
+        raise UserError("card", f"unknown card {card_id!r}.", hint)
+
+
+class _UserCatalogFile(_Model):
+    """A ``--catalog`` file before merging: its cards may be partial overrides."""
+
+    schema_version: Literal[1] = 1
+    replace: bool = False
+    as_of: AsOf | None = None
+    note: str | None = None
+    cards: list[dict[str, Any]] = Field(min_length=1)
+
+
+def load_catalog(path: Path | None = None) -> Catalog:
+    """The shipped catalog, with the user catalog at ``path`` (if given) merged over it."""
+    shipped = _validate(Catalog, _read_yaml(DEFAULT_CATALOG_PATH), DEFAULT_CATALOG_PATH)
+    shipped._paths = (DEFAULT_CATALOG_PATH,)
+    if path is None:
+        return shipped
+    path = Path(path)
+    raw = _read_yaml(path)
+    user = _validate(_UserCatalogFile, raw, path)
+    if user.replace:
+        fields = {k: v for k, v in raw.items() if k != "replace"}
+        catalog = _validate(Catalog, {**fields, "schema_version": user.schema_version}, path)
+        catalog._paths = (path,)
+    else:
+        catalog = _overlay(shipped, user, path)
+        catalog._paths = (DEFAULT_CATALOG_PATH, path)
+    return catalog
+
+
+def _overlay(shipped: Catalog, user: _UserCatalogFile, path: Path) -> Catalog:
+    """Shipped cards with the user's entries merged in (same position) or appended (new ids)."""
+    cards = list(shipped.cards)
+    position = {card.id: i for i, card in enumerate(cards)}
+    overridden_by: dict[str, int] = {}
+    for i, entry in enumerate(user.cards):
+        card_id = entry.get("id")
+        if not isinstance(card_id, str) or not normalise_card_name(card_id):
+            raise UserError(f"catalog.cards[{i}].id", f"in {path}, every card needs an id.",
+                            "E.g. id: h100-sxm-80gb (an alias such as h100 also works).")
+        target = shipped._index.get(normalise_card_name(card_id))
+        if target is None:
+            cards.append(_validate(Card, entry, path, ("cards", i)))
+            continue
+        if target.id in overridden_by:
+            raise UserError(f"catalog.cards[{i}].id", f"in {path}, cards[{overridden_by[target.id]}]"
+                            f" and cards[{i}] both override {target.id}.", "Merge them into one.")
+        overridden_by[target.id] = i
+        merged = {**target.model_dump(), **entry, "id": target.id}
+        if "memory_gb" in entry and "memory_bytes" not in entry:
+            del merged["memory_bytes"]  # derive it from the user's memory_gb
+        cards[position[target.id]] = _validate(Card, merged, path, ("cards", i))
+    return _validate(Catalog, {"schema_version": SCHEMA_VERSION, "as_of": user.as_of or shipped.as_of,
+                               "note": user.note or shipped.note, "cards": cards}, path)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError("catalog", f"catalog file {str(path)!r} does not exist.",
+                        "Check the path given to --catalog.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError("catalog", f"cannot read catalog file {str(path)!r}: {exc}.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserError("catalog", f"catalog file {str(path)!r} is not valid YAML{where}: "
+                        f"{problem}.", "Check the indentation and quoting there.") from None
+    if data is None:
+        raise UserError("catalog", f"catalog file {str(path)!r} is empty.", _LAYOUT_HINT)
+    if not isinstance(data, dict):
+        raise UserError("catalog", f"catalog file {str(path)!r} must be a YAML mapping with a "
+                        f"cards: list, not {type(data).__name__}.", _LAYOUT_HINT)
+    return data
+
+
+def _validate(model: type[_Model], data: Any, path: Path, prefix: tuple = ()) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        _raise_invalid(exc, path, prefix)
+
+
+def _raise_invalid(exc: ValidationError, path: Path, prefix: tuple) -> NoReturn:
+    """One UserError: the first problem's field path as ``field``, the file, any other problems."""
+    problems = [(_field_path((*prefix, *err["loc"])), _describe(err)) for err in exc.errors()]
+    field, first = problems[0]
+    message = f"{first} (in {path})."
+    if len(problems) > 1:
+        message += " Also " + "; ".join(f"{f}: {text}" for f, text in problems[1:6]) + "."
+    hint = _LAYOUT_HINT
+    if "YAML float" in first:
+        hint = 'Quote money and percentages as strings, e.g. on_demand_usd_per_hour: "2.49".'
+    raise UserError(field, message, hint) from None
+
+
+def _field_path(loc: tuple) -> str:
+    """('cards', 2, 'pricing', 'x') -> 'catalog.cards[2].pricing.x'."""
+    return "catalog" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+
+
+def _describe(err: Any) -> str:
+    if err["type"] == "missing":
+        return "required field is missing"
+    if err["type"] == "extra_forbidden":
+        return "unknown field (check the spelling against the shipped catalog)"
+    if err["type"] == "value_error":
+        return str(err["msg"]).removeprefix("Value error, ")
+    return f"{err['msg']} (got {repr(err.get('input'))[:60]})"

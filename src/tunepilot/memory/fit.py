@@ -1,0 +1,90 @@
+"""Fit a memory plan against cards: headroom, devices needed, and the inverse queries.
+
+A card fits when the device-level peak (allocator reserve + runtime context + workspaces +
+collective buffers) leaves at least `headroom` of the card's memory free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tunepilot.arch import Arch
+from tunepilot.catalog import Card
+from tunepilot.memory.analytic import MemoryPlan
+from tunepilot.spec import RunSpec
+
+DEFAULT_HEADROOM = 0.10
+# Device counts tried for FSDP: one node's worth, then whole 8-GPU nodes.
+FSDP_COUNTS = [1, 2, 4, 8] + [8 * n for n in range(2, 129)]
+MAX_SEARCH_SEQ = 1 << 21  # 2M tokens: beyond any shipped model's context
+
+Planner = Callable[[RunSpec, Arch, str], MemoryPlan]
+
+
+def fits(device_peak_bytes: int, capacity_bytes: int, headroom: float) -> bool:
+    return device_peak_bytes <= capacity_bytes * (1.0 - headroom)
+
+
+def fit_card(spec: RunSpec, arch: Arch, card: Card, planner: Planner,
+             headroom: float = DEFAULT_HEADROOM, plan: MemoryPlan | None = None) -> dict:
+    """One row of the fit table for `card`."""
+    stack = card.software_stack
+    plan = plan if plan is not None and plan.stack == stack else planner(spec, arch, stack)
+    cap = card.capacity_bytes
+    peak = plan.per_device["device_peak_bytes"]
+
+    def peak_of(s: RunSpec) -> int:
+        return planner(s, arch, stack).per_device["device_peak_bytes"]
+
+    def ok(s: RunSpec) -> bool:
+        return fits(peak_of(s), cap, headroom)
+
+    row = {
+        "card": card.id,
+        "capacity_bytes": cap,
+        "device_peak_bytes": peak,
+        "fits": fits(peak, cap, headroom),
+        "headroom_fraction": 1.0 - peak / cap,
+        "devices_needed": {
+            "ddp": _ddp_devices(spec, ok),
+            "fsdp": _fsdp_devices(spec, ok),
+        },
+        "max_micro_batch": _largest(lambda b: ok(spec.with_changes(micro_batch_size=b)), 1 << 14),
+        "max_sequence_length": _largest(
+            lambda s: ok(spec.with_changes(sequence_length=s)), MAX_SEARCH_SEQ),
+    }
+    return row
+
+
+def _ddp_devices(spec: RunSpec, ok: Callable[[RunSpec], bool]) -> int | None:
+    """DDP replicates the model and does not pool memory: it needs one card's worth of memory per
+    rank (plus gradient buckets), so the answer is 1 when a single device fits, else None (never)."""
+    par = dict(spec.parallel.model_dump(), strategy="single", devices=1, nodes=1)
+    return 1 if ok(spec.with_changes(parallel=par)) else None
+
+
+def _fsdp_devices(spec: RunSpec, ok: Callable[[RunSpec], bool]) -> int | None:
+    """The fewest ranks whose FSDP shards fit (activations are per rank and do not shrink)."""
+    for n in FSDP_COUNTS:
+        par = dict(spec.parallel.model_dump(), strategy="fsdp" if n > 1 else "single",
+                   devices=min(n, 8), nodes=max(1, n // 8))
+        if ok(spec.with_changes(parallel=par)):
+            return n
+    return None
+
+
+def _largest(ok: Callable[[int], bool], upper: int) -> int:
+    """The largest positive integer x <= upper with ok(x), assuming ok is monotone; 0 if none."""
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= upper and ok(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, upper + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

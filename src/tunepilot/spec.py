@@ -1,0 +1,355 @@
+"""The run spec: the fine-tuning run a person intends, as a typed, validated YAML document.
+
+This is a user-facing contract (field names are kept stable). Every field has a default except
+``model``; unknown keys are errors with a "did you mean". ``load_spec`` turns every problem into a
+``SpecError`` naming the field and the fix, so the CLI never shows a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tunepilot.errors import SpecError, did_you_mean
+
+MethodKind = Literal["full", "lora", "qlora"]
+OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor"]
+Precision = Literal["fp32", "bf16-mixed", "bf16-true", "fp16-mixed"]
+StateDtype = Literal["fp32", "bf16"]
+Checkpointing = Literal["none", "full", "selective"]
+Strategy = Literal["single", "ddp", "fsdp"]
+
+DEFAULT_LORA_RANK = 16
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSpec(_Strict):
+    """Which model: a shipped preset or a local Hugging Face config (exactly one)."""
+
+    preset: str | None = None
+    config: str | None = None
+    revision: str | None = None
+    weights: str = "random"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.preset is None) == (self.config is None):
+            both = self.preset is not None
+            raise ValueError(
+                ("sets both 'preset' and 'config'; " if both else "needs 'preset' or 'config'; ")
+                + "give exactly one: a shipped preset name (see `tunepilot presets`) or the path "
+                "of a local Hugging Face config.json or model directory"
+            )
+        return self
+
+
+class MethodSpec(_Strict):
+    """Full fine-tuning, LoRA, or QLoRA (NF4 4-bit frozen base, bf16 compute)."""
+
+    kind: MethodKind = "lora"
+    lora_rank: int | None = Field(default=None, gt=0)
+    lora_alpha: float | None = Field(default=None, gt=0)
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    lora_targets: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"]
+    )
+    base_dtype: Literal["bf16", "fp16", "fp32"] | None = None
+    """lora: dtype of the frozen base; default 16 bit (as loaded with torch_dtype=bfloat16), fp32
+    only under precision fp32. qlora: the dtype of the parts left unquantized."""
+    double_quant: bool = False
+    """qlora: 8-bit quantization of the NF4 absmax constants (bitsandbytes double quant)."""
+    quantize_lm_head: bool = False
+    """qlora: quantize lm_head too (transformers keeps it in 16 bit; some frameworks do not)."""
+    quantize_on_load: bool = True
+    """qlora: quantize while loading (transformers); false = load the bf16 base, then quantize."""
+
+    @model_validator(mode="after")
+    def _lora_fields(self) -> MethodSpec:
+        if self.kind == "full":
+            if self.lora_rank is not None or self.lora_alpha is not None:
+                raise ValueError(
+                    "sets lora_rank/lora_alpha on a full fine-tune (kind: full); remove them, "
+                    "or set kind: lora"
+                )
+            if self.base_dtype is not None:
+                raise ValueError(
+                    "sets base_dtype on a full fine-tune; there is no frozen base: the "
+                    "precision field decides the weights' dtype"
+                )
+        else:
+            if self.lora_rank is None:
+                object.__setattr__(self, "lora_rank", DEFAULT_LORA_RANK)
+            if self.lora_alpha is None:
+                object.__setattr__(self, "lora_alpha", float(2 * self.lora_rank))
+            if isinstance(self.lora_targets, list) and not self.lora_targets:
+                raise ValueError("lora_targets is empty; list module names or use 'all-linear'")
+        return self
+
+    @property
+    def is_lora(self) -> bool:
+        return self.kind in ("lora", "qlora")
+
+
+class OptimizerSpec(_Strict):
+    """The optimizer and the dtype of its state."""
+
+    name: OptimizerName = "adamw"
+    lr: float = Field(default=2.0e-4, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    state_dtype: StateDtype | None = None
+    impl: Literal["foreach", "fused", "for-loop"] | None = None
+    """PyTorch's implementation; default as PyTorch picks (foreach on CUDA, for-loop on CPU)."""
+
+
+class SchedulerSpec(_Strict):
+    """Learning-rate schedule (part of the training state a checkpoint must restore)."""
+
+    kind: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: int = Field(default=10, ge=0)
+
+
+class ParallelSpec(_Strict):
+    """How the run is spread over devices."""
+
+    strategy: Strategy = "single"
+    devices: int = Field(default=1, gt=0)
+    nodes: int = Field(default=1, gt=0)
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+
+    @model_validator(mode="after")
+    def _single_means_one(self) -> ParallelSpec:
+        if self.strategy == "single" and (self.devices > 1 or self.nodes > 1):
+            raise ValueError(
+                f"strategy 'single' uses one device but devices={self.devices}, "
+                f"nodes={self.nodes}; set strategy: ddp or fsdp, or devices: 1"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.nodes
+
+
+class DataSpec(_Strict):
+    """Training data: synthetic tokens, or a local JSONL file with a local HF tokenizer."""
+
+    source: Literal["synthetic", "jsonl", "tiny-text"] = "synthetic"
+    path: str | None = None
+    text_field: str = "text"
+    tokenizer: str | None = None
+    shuffle: bool = True
+    num_workers: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _jsonl_needs_files(self) -> DataSpec:
+        if self.source == "jsonl" and (self.path is None or self.tokenizer is None):
+            raise ValueError(
+                "source 'jsonl' needs 'path' (a local .jsonl file) and 'tokenizer' (a local "
+                "Hugging Face tokenizer directory)"
+            )
+        return self
+
+
+class ValidationSpec(_Strict):
+    every_steps: int = Field(default=500, gt=0)
+    num_batches: int = Field(default=20, gt=0)
+
+
+class CheckpointSpec(_Strict):
+    every_steps: int = Field(default=1000, gt=0)
+    dir: str = "checkpoints"
+
+
+class TargetSpec(_Strict):
+    """How much training the term must deliver: useful tokens, or epochs over a dataset."""
+
+    tokens: float | None = Field(default=None, gt=0)
+    epochs: float | None = Field(default=None, gt=0)
+    dataset_tokens: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> TargetSpec:
+        if self.tokens is None and self.epochs is None:
+            object.__setattr__(self, "tokens", 1.0e9)
+        if self.tokens is not None and self.epochs is not None:
+            raise ValueError("sets both 'tokens' and 'epochs'; give one")
+        if self.epochs is not None and self.dataset_tokens is None:
+            raise ValueError("'epochs' needs 'dataset_tokens' (useful tokens in one epoch)")
+        return self
+
+    @property
+    def useful_tokens(self) -> float:
+        if self.tokens is not None:
+            return self.tokens
+        assert self.epochs is not None and self.dataset_tokens is not None
+        return self.epochs * self.dataset_tokens
+
+
+class RunSpec(_Strict):
+    """One fine-tuning run, as the person intends to run it."""
+
+    name: str | None = None
+    model: ModelSpec
+    method: MethodSpec = Field(default_factory=MethodSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    precision: Precision = "bf16-mixed"
+    sequence_length: int = Field(default=2048, gt=0)
+    micro_batch_size: int = Field(default=1, gt=0)
+    gradient_accumulation_steps: int = Field(default=1, gt=0)
+    activation_checkpointing: Checkpointing = "none"
+    chunked_loss: bool = False
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    seed: int = 1234
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RunSpec:
+        if self.method.kind == "qlora" and self.precision in ("fp32", "fp16-mixed"):
+            raise ValueError(
+                f"method.kind qlora computes in bf16 but precision is {self.precision!r}; "
+                "set precision: bf16-true or bf16-mixed"
+            )
+        return self
+
+    # --- derived figures -------------------------------------------------------------------
+    @property
+    def optimizer_state_dtype(self) -> StateDtype:
+        """fp32 under fp32 and *-mixed; the parameter dtype (bf16) under bf16-true."""
+        if self.optimizer.state_dtype is not None:
+            return self.optimizer.state_dtype
+        return "bf16" if self.precision == "bf16-true" else "fp32"
+
+    @property
+    def frozen_base_dtype(self) -> str:
+        """The storage dtype of a LoRA run's frozen base (see method.base_dtype)."""
+        if self.method.base_dtype is not None:
+            return self.method.base_dtype
+        return "fp32" if self.precision == "fp32" else ("fp16" if self.precision == "fp16-mixed"
+                                                         else "bf16")
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch_size * self.sequence_length
+
+    @property
+    def global_batch_samples(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.parallel.world_size
+
+    @property
+    def label(self) -> str:
+        return self.name or (self.model.preset or Path(self.model.config or "model").name)
+
+    def spec_hash(self) -> str:
+        """SHA-256 of the spec's canonical JSON (all resolved fields, without the label)."""
+        data = self.model_dump(mode="json", exclude={"name"})
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    def with_changes(self, **changes: Any) -> RunSpec:
+        """A copy with top-level fields replaced, validated again."""
+        data = self.model_dump(mode="python")
+        data.update(changes)
+        return RunSpec.model_validate(data)
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def load_spec(path: str | Path) -> RunSpec:
+    """Read and validate a run spec; every problem becomes a SpecError naming the field."""
+    import yaml
+
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(None, f"spec file {str(p)!r} does not exist.",
+                        "Check the path, or start from one of the files in examples/.")
+    if p.is_dir():
+        raise SpecError(None, f"spec path {str(p)!r} is a directory, not a YAML file.")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(None, f"cannot read spec file {str(p)!r}: {exc}.") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(None, f"{p.name} is not valid YAML{where}: {problem}.",
+                        "Fix the YAML syntax (indentation, a missing ':' or quote).") from None
+    return spec_from_dict(data, source=p.name)
+
+
+def spec_from_dict(data: Any, source: str = "spec") -> RunSpec:
+    if data is None:
+        raise SpecError(None, f"{source} is empty.", "A spec needs at least 'model: {preset: ...}'.")
+    if not isinstance(data, dict):
+        raise SpecError(None, f"{source} must be a YAML mapping of fields, got {type(data).__name__}.",
+                        "Start from one of the files in examples/.")
+    try:
+        return RunSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _spec_error(exc, data) from None
+
+
+def _spec_error(exc: ValidationError, data: dict) -> SpecError:
+    """Turn pydantic's first error into one paragraph naming the field and the fix."""
+    err = exc.errors(include_url=False)[0]
+    loc = [str(x) for x in err["loc"]]
+    field = ".".join(loc) if loc else None
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        parent_loc, key = loc[:-1], loc[-1]
+        model = _model_at(parent_loc)
+        choices = list(model.model_fields) if model else []
+        return SpecError(field, f"unknown key {key!r}.", did_you_mean(key, choices))
+    if kind == "missing":
+        return SpecError(field, "is required but missing.", _hint_for(loc))
+    if kind == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        choices = [c.strip().strip("'") for c in expected.replace(" or ", ",").split(",") if c.strip()]
+        hint = did_you_mean(str(value), choices) if choices else ""
+        return SpecError(field, f"{value!r} is not one of {expected}.", hint)
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        ctx = err.get("ctx", {})
+        bound = next(iter(ctx.values()), "")
+        words = {"greater_than": "greater than", "greater_than_equal": "at least",
+                 "less_than": "less than", "less_than_equal": "at most"}[kind]
+        return SpecError(field, f"is {value!r} but must be {words} {bound}.",
+                         "Sizes and counts are positive whole numbers.")
+    if kind == "value_error":
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        return SpecError(field, msg + ".")
+    msg = err.get("msg", "is not valid")
+    return SpecError(field, f"{msg} (got {value!r}).", _hint_for(loc))
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunSpec
+    for key in loc:
+        info = model.model_fields.get(key)
+        ann = getattr(info, "annotation", None) if info else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return None
+    return model
+
+
+def _hint_for(loc: list[str]) -> str:
+    if loc and loc[0] == "model":
+        return "Example: model: {preset: llama-3-8b}. See `tunepilot presets` for the names."
+    return "See examples/ for a complete spec."

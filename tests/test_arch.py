@@ -1,0 +1,326 @@
+"""arch.py against the real thing: transformers models built on the meta device, and PEFT.
+
+Meta-device models have shapes but no storage, so even Llama-3.1-405B builds in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tunepilot.arch import (
+    META_KEY,
+    Arch,
+    installed_moe_layout,
+    linear_modules,
+    list_presets,
+    load_config_file,
+    load_preset,
+    lora_param_count,
+    param_counts,
+)
+from tunepilot.errors import SpecError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+PRESETS = list_presets()
+LORA_PRESETS = ["tiny", "llama-3-8b", "qwen2.5-0.5b", "phi-3-mini", "gemma-2-2b", "mixtral-8x7b"]
+LORA_RANK = 8
+
+
+def hf_config(cfg: dict):
+    """The transformers config object for a preset/config dict (our block removed)."""
+    body = {k: v for k, v in cfg.items() if k != META_KEY}
+    return transformers.AutoConfig.for_model(**body)
+
+
+def meta_model(cfg: dict):
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(hf_config(cfg))
+
+
+def torch_param_count(model) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied weights appear once
+
+
+def layer0(named: dict, path: str):
+    """The object at `<...>.layers.0.<path>` (or gpt2's `h.0.<path>`) in a name -> object dict."""
+    pattern = re.compile(rf"(^|\.)(layers|h)\.0\.{re.escape(path)}$")
+    hits = [v for k, v in named.items() if pattern.search(k)]
+    assert len(hits) == 1, f"{path}: found {len(hits)} matches"
+    return hits[0]
+
+
+def assert_linear_modules_match(arch: Arch, model) -> None:
+    """Every LinearSpec of layer 0 exists in the model with the stated shape and bias."""
+    modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    for spec in linear_modules(arch):
+        if spec.peft_kind == "module":
+            mod = layer0(modules, spec.path)
+            if isinstance(mod, torch.nn.Linear):
+                assert (mod.in_features, mod.out_features) == (spec.in_features, spec.out_features)
+            else:  # transformers' Conv1D (gpt2) stores the weight as (in, out)
+                assert tuple(mod.weight.shape) == (spec.in_features, spec.out_features)
+            assert (mod.bias is not None) == spec.has_bias, spec.path
+        else:  # a raw parameter: MoE experts (experts, out, in) or the router (experts, hidden)
+            name = spec.path if spec.count_per_layer > 1 else spec.path + ".weight"
+            shape = tuple(layer0(params, name).shape)
+            expected = (spec.out_features, spec.in_features)
+            if spec.count_per_layer > 1:
+                expected = (spec.count_per_layer, *expected)
+            assert shape == expected, spec.path
+
+
+# --------------------------------------------------------------------------- exact counts
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_param_count_matches_transformers_exactly(name):
+    cfg = load_preset(name)
+    arch = Arch.from_config(cfg)
+    model = meta_model(cfg)
+    counts = param_counts(arch)
+    assert counts.total == torch_param_count(model)
+    assert arch.known_layout
+    assert counts.embedding == model.get_input_embeddings().weight.numel()
+    head = model.get_output_embeddings()
+    assert (head.weight is model.get_input_embeddings().weight) == arch.tied_embeddings
+    assert_linear_modules_match(arch, model)
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if n != "tiny"])
+def test_param_count_is_close_to_the_published_figure(name):
+    cfg = load_preset(name)
+    meta = cfg[META_KEY]
+    assert meta["hf_id"] and meta["source"]
+    published = meta["params_published"]
+    assert isinstance(published, int)
+    total = param_counts(Arch.from_config(cfg)).total
+    assert abs(total - published) / published < 0.02, (total, published)
+
+
+def test_tiny_preset_is_the_two_layer_test_model():
+    cfg = load_preset("tiny")
+    assert cfg[META_KEY] == {
+        "hf_id": None,
+        "source": "tunepilot test model",
+        "params_published": None,
+    }
+    arch = Arch.from_config(cfg)
+    assert (arch.model_type, arch.num_layers, arch.hidden_size, arch.num_heads) == (
+        "llama",
+        2,
+        64,
+        4,
+    )
+    assert (arch.num_kv_heads, arch.intermediate_size, arch.vocab_size) == (2, 176, 512)
+    assert not arch.tied_embeddings and arch.max_position_embeddings == 512
+
+
+def test_moe_counts_active_experts_only_per_token():
+    arch = Arch.from_config(load_preset("mixtral-8x7b"))
+    counts = param_counts(arch)
+    assert (arch.num_experts, arch.experts_per_token) == (8, 2)
+    # Mixtral's own figure: 46.7B total, 12.9B used per token (mistral.ai, "Mixtral of experts")
+    assert counts.active_per_token == pytest.approx(12.9e9, rel=0.01)
+    dense = param_counts(Arch.from_config(load_preset("mistral-7b")))
+    assert dense.active_per_token == dense.total
+
+
+def test_moe_layouts_count_the_same_parameters():
+    arch = Arch.from_config(load_preset("mixtral-8x7b"))
+    assert param_counts(arch, "fused").total == param_counts(arch, "per_expert").total
+
+
+FALLBACKS = {
+    "gpt2": dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=32),
+    "gpt_neox": dict(
+        model_type="gpt_neox", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, vocab_size=100,
+    ),
+    "phi": dict(
+        model_type="phi", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, vocab_size=100,
+    ),
+    "stablelm": dict(
+        model_type="stablelm", hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(FALLBACKS))
+def test_other_decoder_families_count_exactly(kind):
+    cfg = FALLBACKS[kind]
+    arch = Arch.from_config(cfg)
+    model = meta_model(cfg)
+    assert param_counts(arch).total == torch_param_count(model)
+    assert_linear_modules_match(arch, model)
+
+
+def test_unknown_llama_like_type_is_estimated_and_flagged():
+    cfg = dict(load_preset("tiny"), model_type="somefuturellama")
+    arch = Arch.from_config(cfg)
+    assert not arch.known_layout
+    assert param_counts(arch).total == param_counts(Arch.from_config(load_preset("tiny"))).total
+
+
+def test_unsupported_moe_is_refused_rather_than_undercounted():
+    cfg = dict(load_preset("tiny"), model_type="qwen2_moe", num_experts=60)
+    with pytest.raises(SpecError) as err:
+        Arch.from_config(cfg)
+    assert err.value.field == "model.config"
+
+
+def test_missing_essential_key_names_it():
+    cfg = {k: v for k, v in load_preset("tiny").items() if k != "num_hidden_layers"}
+    with pytest.raises(SpecError) as err:
+        Arch.from_config(cfg)
+    assert err.value.field == "model.config"
+    assert "num_hidden_layers" in err.value.message
+
+
+def test_config_hash_ignores_our_block_and_sees_real_changes():
+    cfg = load_preset("tiny")
+    plain = {k: v for k, v in cfg.items() if k != META_KEY}
+    assert Arch.from_config(cfg).config_hash == Arch.from_config(plain).config_hash
+    assert (
+        Arch.from_config(dict(plain, vocab_size=513)).config_hash
+        != Arch.from_config(plain).config_hash
+    )
+
+
+# --------------------------------------------------------------------------- LoRA vs PEFT
+
+
+def peft_trainable(cfg: dict, **lora_kwargs) -> int:
+    peft = pytest.importorskip("peft")
+    model = meta_model(cfg)
+    config = peft.LoraConfig(r=LORA_RANK, lora_alpha=16, lora_dropout=0.0, **lora_kwargs)
+    wrapped = peft.get_peft_model(model, config)
+    return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "v_proj"], "all-linear"], ids=["q_v", "all_linear"])
+@pytest.mark.parametrize("name", LORA_PRESETS)
+def test_lora_count_matches_peft(name, targets):
+    cfg = load_preset(name)
+    arch = Arch.from_config(cfg)
+    if name == "phi-3-mini" and targets != "all-linear":
+        targets = ["qkv_proj", "o_proj"]  # phi3 fuses q/k/v into one matrix
+    expected = peft_trainable(cfg, target_modules=targets)
+    assert lora_param_count(arch, targets, LORA_RANK) == expected
+
+
+def test_lora_on_fused_moe_experts_matches_peft_target_parameters():
+    if installed_moe_layout() != "fused":
+        pytest.skip("transformers < 5 keeps one nn.Linear per expert")
+    cfg = load_preset("mixtral-8x7b")
+    arch = Arch.from_config(cfg)
+    params = ["experts.gate_up_proj", "experts.down_proj"]
+    expected = peft_trainable(cfg, target_modules=[], target_parameters=params)
+    assert lora_param_count(arch, params, LORA_RANK) == expected
+    assert lora_param_count(arch, ["gate_up_proj", "down_proj"], LORA_RANK) == expected
+
+
+@pytest.mark.parametrize("targets", [["w1", "w3"], ["w2", "gate"], ["q_proj", "w1", "w2", "w3"]])
+def test_lora_with_transformers4_moe_names_matches_peft_translation(targets):
+    if installed_moe_layout() != "fused":
+        pytest.skip("the translation only happens on transformers >= 5")
+    cfg = load_preset("mixtral-8x7b")
+    expected = peft_trainable(cfg, target_modules=targets)
+    assert lora_param_count(Arch.from_config(cfg), targets, LORA_RANK) == expected
+
+
+def test_lora_w1_without_w3_is_refused_on_fused_experts():
+    arch = Arch.from_config(load_preset("mixtral-8x7b"))
+    with pytest.raises(SpecError) as err:
+        lora_param_count(arch, ["w1"], 8, moe_layout="fused")
+    assert err.value.field == "method.lora_targets"
+
+
+def test_lora_on_per_expert_layout_counts_every_expert_linear():
+    arch = Arch.from_config(load_preset("mixtral-8x7b"))
+    h, i, e, r = 4096, 14336, 8, 8
+    attention = r * (h + h) * 2 + r * (h + 1024) * 2  # q, o and k, v (8 kv heads x 128)
+    moe = r * (h + e) + e * (2 * r * (h + i) + r * (i + h))  # router + w1, w3, w2 per expert
+    assert lora_param_count(arch, "all-linear", r, moe_layout="per_expert") == 32 * (
+        attention + moe
+    )
+
+
+def test_lora_arithmetic_for_the_tiny_model():
+    arch = Arch.from_config(load_preset("tiny"))
+    # q: 64->64, v: 64->32 (2 kv heads x 16); rank 8 -> 8*(64+64) + 8*(64+32) = 1792 per layer
+    assert lora_param_count(arch, ["q_proj", "v_proj"], 8) == 2 * 1792
+
+
+def test_unknown_lora_target_lists_the_valid_names():
+    arch = Arch.from_config(load_preset("phi-3-mini"))
+    with pytest.raises(SpecError) as err:
+        lora_param_count(arch, ["q_proj"], 8)
+    assert err.value.field == "method.lora_targets"
+    assert "qkv_proj" in err.value.hint and "gate_up_proj" in err.value.hint
+
+
+def test_lora_rank_must_be_positive():
+    arch = Arch.from_config(load_preset("tiny"))
+    with pytest.raises(SpecError):
+        lora_param_count(arch, "all-linear", 0)
+
+
+# --------------------------------------------------------------------------- names and files
+
+
+@pytest.mark.parametrize(
+    "alias", ["Llama-3-8B", "llama_3_8b", "LLAMA 3 8B", "meta-llama/Meta-Llama-3-8B"]
+)
+def test_preset_names_are_normalised(alias):
+    assert load_preset(alias) == load_preset("llama-3-8b")
+
+
+def test_dotted_versions_and_hub_ids_resolve():
+    assert load_preset("Qwen2.5_7B")[META_KEY]["hf_id"] == "Qwen/Qwen2.5-7B"
+    assert load_preset("llama-3.1-8b") != load_preset("llama-3-8b")
+
+
+def test_unknown_preset_suggests_the_nearest():
+    with pytest.raises(SpecError) as err:
+        load_preset("llama-3-8")
+    assert err.value.field == "model.preset"
+    assert "Did you mean" in err.value.hint and "llama-3-8b" in err.value.hint
+
+
+def test_every_preset_is_a_config_with_a_source():
+    for name in PRESETS:
+        cfg = load_preset(name)
+        assert set(cfg[META_KEY]) == {"hf_id", "source", "params_published"}
+        assert cfg["model_type"] and cfg["architectures"], name
+
+
+def test_load_config_file_accepts_a_directory_or_the_file(tmp_path):
+    body = {k: v for k, v in load_preset("tiny").items() if k != META_KEY}
+    (tmp_path / "config.json").write_text(json.dumps(body))
+    assert load_config_file(tmp_path) == body
+    assert load_config_file(tmp_path / "config.json") == body
+
+
+def test_load_config_file_errors_name_the_field(tmp_path):
+    with pytest.raises(SpecError) as err:
+        load_config_file(tmp_path / "nowhere")
+    assert err.value.field == "model.config"
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(SpecError) as err:
+        load_config_file(tmp_path)
+    assert err.value.field == "model.config" and "line 1" in err.value.message
+
+
+def test_arch_imports_without_torch():
+    code = "import sys, tunepilot.arch; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
