@@ -28,6 +28,11 @@ from tunepilot.errors import SpecError
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*is_gradient_checkpointing.*:FutureWarning",  # transformers 5 internal deprecation
+    "ignore:The following (rank|alpha)_pattern keys did not match:RuntimeWarning",  # PEFT MoE remap
+)
+
 PRESETS = list_presets()
 LORA_PRESETS = ["tiny", "llama-3-8b", "qwen2.5-0.5b", "phi-3-mini", "gemma-2-2b", "mixtral-8x7b"]
 LORA_RANK = 8

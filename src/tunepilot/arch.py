@@ -30,25 +30,11 @@ MoeLayout = Literal["fused", "per_expert"]
 
 # model_type -> layer layout. Types not listed fall back to the llama layout (or gpt2 for
 # n_embd-style configs) and are flagged ``known_layout=False``: the count is then an estimate.
-_FAMILY = {
-    "llama": "llama",
-    "mistral": "llama",
-    "qwen2": "llama",
-    "gemma2": "llama",
-    "stablelm": "llama",
-    "mixtral": "mixtral",
-    "phi3": "phi3",
-    "gpt_neox": "gpt_neox",
-    "phi": "phi",
-    "gpt2": "gpt2",
-}
+_FAMILY = {t: "llama" for t in ("llama", "mistral", "qwen2", "gemma2", "stablelm")}
+_FAMILY |= {t: t for t in ("mixtral", "phi3", "gpt_neox", "phi", "gpt2")}
 _TIED_BY_DEFAULT = {"gemma2", "gpt2"}  # transformers' default when tie_word_embeddings is absent
-_LAYER_NORM_TYPES = {
-    "stablelm",
-    "gpt_neox",
-    "phi",
-    "gpt2",
-}  # LayerNorm (weight + bias), not RMSNorm
+# LayerNorm (weight + bias), not RMSNorm (weight only)
+_LAYER_NORM_TYPES = {"stablelm", "gpt_neox", "phi", "gpt2"}
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
 
 
@@ -71,9 +57,8 @@ def _preset_index() -> dict[str, str]:
     index: dict[str, str] = {}
     for name in list_presets():
         index[_norm_name(name)] = name
-        hf_id = (
-            _read_json(PRESETS_DIR / f"{name}.json", "model.preset").get(META_KEY, {}).get("hf_id")
-        )
+        meta = _read_json(PRESETS_DIR / f"{name}.json", "model.preset").get(META_KEY, {})
+        hf_id = meta.get("hf_id")
         if hf_id:
             index.setdefault(_norm_name(hf_id), name)
     return index
@@ -172,7 +157,7 @@ class Arch:
         """Build from a HF config dict (a preset or a user's config.json)."""
         model_type = str(cfg.get("model_type") or "").lower()
         family = _FAMILY.get(model_type)
-        if family is None and model_type != "mixtral" and any(cfg.get(k) for k in _MOE_KEYS):
+        if family is None and any(cfg.get(k) for k in _MOE_KEYS):
             raise SpecError(
                 field="model.config",
                 message=f"mixture-of-experts model_type {model_type or '(missing)'!r} is not supported yet.",
@@ -273,8 +258,8 @@ class LinearSpec:
     has_bias: bool
     count_per_layer: int = 1  # num_experts for MoE experts stored as one (experts, out, in) tensor
     group: str = "attention"  # attention | mlp | router | head
-    # "module": an nn.Linear / Conv1D that target_modules and all-linear can wrap;
-    # "parameter": a raw nn.Parameter that only PEFT's target_parameters reaches (never all-linear)
+    # "module": an nn.Linear / Conv1D that PEFT's target_modules and all-linear wrap;
+    # "parameter": a raw nn.Parameter (fused MoE experts, router) reached via target_parameters
     peft_kind: str = "module"
 
     @property
@@ -442,10 +427,10 @@ def lora_target_names(arch: Arch, moe_layout: MoeLayout | None = None) -> list[s
     return sorted(names)
 
 
-def lora_param_count(
-    arch: Arch, targets: list[str] | str, rank: int, moe_layout: MoeLayout | None = None
-) -> int:
-    """Trainable LoRA parameters: rank * (in + out) per matched matrix, per expert, per layer.
+def lora_targets(
+    arch: Arch, targets: list[str] | str, moe_layout: MoeLayout | None = None
+) -> dict[LinearSpec, int]:
+    """The matrices LoRA wraps, each with its rank multiple (2 for fused w1+w3, else 1).
 
     ``targets`` is ``"all-linear"`` or a list of names matched like PEFT's ``target_modules`` (a
     layer path equal to the name or ending in ``.name``). PEFT's all-linear wraps every nn.Linear /
@@ -455,10 +440,6 @@ def lora_param_count(
     ``target_parameters``: gate -> gate.weight, w2 -> experts.down_proj, and w1 + w3 (both or
     neither) -> experts.gate_up_proj at rank 2r, keeping the 4.x capacity. all-linear includes them.
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-        raise SpecError(
-            field="method.lora_rank", message=f"LoRA rank must be a positive integer, got {rank!r}."
-        )
     specs = linear_modules(arch, moe_layout)
     fused = _fused_moe(arch, moe_layout)
     if isinstance(targets, str) and targets.lower() == ALL_LINEAR:
@@ -466,18 +447,16 @@ def lora_param_count(
         names += ["gate", *_V4_EXPERT_ALIASES] if fused else []
     else:
         names = [targets] if isinstance(targets, str) else list(targets)
-    rank_factor: dict[LinearSpec, int] = {}  # matched matrix -> LoRA rank multiple
     if fused and ("w1" in names) != ("w3" in names):
         raise SpecError(
             field="method.lora_targets",
             message="w1 and w3 are fused into one experts.gate_up_proj in transformers >= 5.",
             hint="Target both w1 and w3, or neither (or target gate_up_proj directly).",
         )
+    chosen: dict[LinearSpec, int] = {}
     for name in names:
-        factor = 1
-        if fused and name in _V4_EXPERT_ALIASES:
-            factor = 2 if name in ("w1", "w3") else 1
-            name = _V4_EXPERT_ALIASES[name]
+        factor = 2 if fused and name in ("w1", "w3") else 1
+        name = _V4_EXPERT_ALIASES.get(name, name) if fused else name
         hits = [
             s for s in specs + [lm_head_spec(arch)] if s.path == name or s.path.endswith("." + name)
         ]
@@ -492,9 +471,24 @@ def lora_param_count(
                 hint=f"{close} Or use {ALL_LINEAR!r}.",
             )
         for s in hits:
-            rank_factor[s] = max(rank_factor.get(s, 0), factor)
+            chosen[s] = max(chosen.get(s, 0), factor)
+    return chosen
+
+
+def lora_param_count(
+    arch: Arch, targets: list[str] | str, rank: int, moe_layout: MoeLayout | None = None
+) -> int:
+    """Trainable LoRA parameters: rank * (in + out) per wrapped matrix, per expert, per layer.
+
+    Equals PEFT's trainable count for ``LoraConfig(r=rank, target_modules=targets)`` (see
+    :func:`lora_targets` for which matrices that is).
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise SpecError(
+            field="method.lora_rank", message=f"LoRA rank must be a positive integer, got {rank!r}."
+        )
     total = 0
-    for s, factor in rank_factor.items():
+    for s, factor in lora_targets(arch, targets, moe_layout).items():
         per_matrix = factor * rank * (s.in_features + s.out_features)  # A: (r, in), B: (out, r)
         layers = 1 if s.group == "head" else arch.num_layers
         total += per_matrix * s.count_per_layer * layers

@@ -18,7 +18,14 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 
-from tunepilot.arch import Arch, LinearSpec, linear_modules, lora_param_count, param_counts
+from tunepilot.arch import (
+    Arch,
+    LinearSpec,
+    linear_modules,
+    lora_param_count,
+    lora_targets,
+    param_counts,
+)
 from tunepilot.spec import RunSpec
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -156,8 +163,8 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
     lora_A's output (r values) is saved for lora_B."""
     r = spec.method.lora_rank or 0
     extra = 0
-    for lin in _lora_targets(arch, spec):
-        per = r * cb
+    for lin, mult in _lora_targets(arch, spec):
+        per = r * mult * cb
         if cb == 2 and spec.frozen_base_dtype != "fp32":
             # the fp32 copy of the input is saved (bf16-true), or its autocast cast back (mixed)
             per += (4 if spec.precision == "bf16-true" else cb) * lin.in_features
@@ -167,12 +174,10 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
     return extra
 
 
-def _lora_targets(arch: Arch, spec: RunSpec) -> list[LinearSpec]:
-    mods = linear_modules(arch)
-    targets = spec.method.lora_targets
-    if targets == "all-linear":
-        return [m for m in mods if m.name != "gate"] if arch.num_experts > 1 else mods
-    return [m for m in mods if m.name in targets]
+def _lora_targets(arch: Arch, spec: RunSpec) -> list[tuple[LinearSpec, int]]:
+    """The matrices PEFT wraps for the spec's targets, each with its rank multiple (PEFT gives a
+    fused gate_up expert parameter rank 2r)."""
+    return list(lora_targets(arch, spec.method.lora_targets).items())
 
 
 def _activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) -> tuple[int, int]:
@@ -265,9 +270,9 @@ def _trainable_shapes(arch: Arch, spec: RunSpec) -> list[tuple[int, ...]]:
     if spec.method.is_lora:
         r = spec.method.lora_rank or 0
         shapes: list[tuple[int, ...]] = []
-        for lin in _lora_targets(arch, spec):
+        for lin, mult in _lora_targets(arch, spec):
             for _ in range(lin.count_per_layer * arch.num_layers):
-                shapes += [(r, lin.in_features), (lin.out_features, r)]
+                shapes += [(r * mult, lin.in_features), (lin.out_features, r * mult)]
         return shapes
     shapes = [(arch.vocab_size, arch.hidden_size)]
     if not arch.tied_embeddings:
@@ -281,7 +286,7 @@ def _trainable_shapes(arch: Arch, spec: RunSpec) -> list[tuple[int, ...]]:
 def split_params(arch: Arch, spec: RunSpec) -> ParamSplit:
     counts = param_counts(arch)
     if spec.method.is_lora:
-        lora = lora_param_count(arch, spec.method.lora_targets, spec.method.lora_rank or 0)
+        lora = lora_param_count(arch, spec.method.lora_targets, spec.method.lora_rank or 1)
         return ParamSplit(total=counts.total + lora, trainable=lora, frozen=counts.total)
     return ParamSplit(total=counts.total, trainable=counts.total, frozen=0)
 

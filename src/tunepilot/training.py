@@ -1,0 +1,256 @@
+"""The training step every stage runs: optimizer, schedule, precision, loss and one optimizer step
+over gradient-accumulation micro-batches. The pilot times it, restore replays it, scale runs it
+under DDP / FSDP, and the traced plan traces it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from tunepilot.data import IGNORE_INDEX, useful_tokens
+from tunepilot.errors import UserError
+from tunepilot.memory.analytic import CHUNKED_LOSS_TOKENS
+from tunepilot.models import output_head, trainable_parameters
+from tunepilot.spec import RunSpec
+
+MAX_GRAD_NORM = 1.0  # gradient clipping as fine-tuning recipes default to it (HF Trainer, torchtune)
+
+
+def build_optimizer(spec: RunSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The spec's optimizer over the trainable parameters. PyTorch keeps optimizer state in the
+    parameter dtype, so a state_dtype that differs from it is refused rather than ignored."""
+    params = trainable_parameters(model)
+    o = spec.optimizer
+    if not params:
+        raise UserError("method", "the model has no trainable parameters.",
+                        "Check method.lora_targets names modules of this model.")
+    pdtype = params[0].dtype
+    want = {"fp32": torch.float32, "bf16": torch.bfloat16}[spec.optimizer_state_dtype]
+    if o.name in ("adamw", "sgd") and want != pdtype and o.state_dtype is not None:
+        raise UserError("optimizer.state_dtype", f"{o.state_dtype} states on {pdtype} "
+                        "parameters: PyTorch keeps optimizer state in the parameter dtype.",
+                        "Remove optimizer.state_dtype, or change precision.")
+    impl = {"foreach": {"foreach": True}, "fused": {"fused": True},
+            "for-loop": {"foreach": False}}.get(o.impl or "", {})
+    if o.name == "adamw":
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, **impl)
+    if o.name == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=0.9, weight_decay=o.weight_decay, **impl)
+    if o.name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=o.lr, scale_parameter=False, relative_step=False,
+                         warmup_init=False, weight_decay=o.weight_decay)
+    # 8-bit and paged optimizers live in bitsandbytes, which needs CUDA
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None or params[0].device.type != "cuda":
+        raise UserError("optimizer.name", f"{o.name} needs bitsandbytes on a CUDA device.",
+                        "Use adamw for a pilot on this machine (the plan still models "
+                        f"{o.name}).")
+    import bitsandbytes as bnb
+
+    cls = {"adamw_8bit": bnb.optim.AdamW8bit, "paged_adamw": bnb.optim.PagedAdamW,
+           "paged_adamw_8bit": bnb.optim.PagedAdamW8bit}[o.name]
+    return cls(params, lr=o.lr, weight_decay=o.weight_decay)
+
+
+def build_scheduler(spec: RunSpec, optimizer: torch.optim.Optimizer, total_steps: int):
+    """Linear warm-up, then constant / linear decay / cosine decay to zero at total_steps."""
+    warm = spec.scheduler.warmup_steps
+    kind = spec.scheduler.kind
+    total = max(total_steps, warm + 1)
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / (warm + 1)
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        if kind == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def autocast_context(spec: RunSpec, device_type: str):
+    if spec.precision == "bf16-mixed":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    if spec.precision == "fp16-mixed":
+        return torch.autocast(device_type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def make_scaler(spec: RunSpec, device_type: str):
+    """fp16 needs loss scaling; the scaler's state is part of the training state."""
+    if spec.precision != "fp16-mixed":
+        return None
+    return torch.amp.GradScaler(device_type)
+
+
+def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], spec: RunSpec
+                 ) -> torch.Tensor:
+    """Mean next-token cross-entropy over the batch's useful tokens (fp32 upcast, as HF does).
+
+    chunked_loss: lm_head + cross-entropy per CHUNKED_LOSS_TOKENS tokens, each chunk
+    checkpointed, so the (tokens, vocab) logits never exist all at once.
+    """
+    if not spec.chunked_loss:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    labels=batch["labels"])
+        return out.loss
+    body, head = output_head(model)
+    hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                  ).last_hidden_state  # (batch, seq, hidden)
+    labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]
+    h = hidden.reshape(-1, hidden.shape[-1])
+    y = labels.reshape(-1)
+    n = (y != IGNORE_INDEX).sum().clamp(min=1)
+
+    def chunk_loss(hc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
+        logits = head(hc).float()
+        return torch.nn.functional.cross_entropy(logits, yc, ignore_index=IGNORE_INDEX,
+                                                 reduction="sum")
+
+    from torch.utils.checkpoint import checkpoint
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, h.shape[0], CHUNKED_LOSS_TOKENS):
+        sl = slice(start, start + CHUNKED_LOSS_TOKENS)
+        total = total + checkpoint(chunk_loss, h[sl], y[sl], use_reentrant=False)
+    return total / n
+
+
+@dataclass
+class StepStats:
+    """One optimizer step: its loss (mean over micro-batches) and where the time went."""
+
+    step: int
+    loss: float
+    lr: float
+    useful_tokens: int
+    padded_tokens: int
+    wall_s: float = 0.0
+    data_wait_s: float = 0.0
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0
+    fingerprints: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint must hold to continue exactly."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    scaler: object | None = None
+    step: int = 0
+    useful_tokens_seen: int = 0
+
+
+def make_state(spec: RunSpec, model: torch.nn.Module, total_steps: int) -> TrainState:
+    opt = build_optimizer(spec, model)
+    device_type = next(model.parameters()).device.type
+    return TrainState(model, opt, build_scheduler(spec, opt, total_steps),
+                      make_scaler(spec, device_type))
+
+
+def _sync(device_type: str) -> None:
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_step(state: TrainState, next_batch: Callable[[], dict[str, torch.Tensor]],
+               spec: RunSpec, *, accumulation: int | None = None, split_timing: bool = False,
+               fingerprint: Callable[[dict], str] | None = None,
+               no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
+               ) -> StepStats:
+    """One optimizer step over `accumulation` micro-batches (default: the spec's).
+
+    `next_batch` is timed as data wait. `split_timing` synchronises the device between forward,
+    backward and the optimizer step to split the time (cheap on CPU, a small cost on GPU).
+    `no_sync` (DDP) skips the gradient all-reduce on all but the last micro-batch.
+    """
+    model, opt = state.model, state.optimizer
+    dev = next(model.parameters()).device
+    dt = dev.type
+    accum = accumulation or spec.gradient_accumulation_steps
+    model.train()
+    stats = StepStats(step=state.step, loss=0.0, lr=opt.param_groups[0]["lr"], useful_tokens=0,
+                      padded_tokens=0)
+    losses = []
+    t0 = time.perf_counter()
+    for micro in range(accum):
+        tw = time.perf_counter()
+        batch = next_batch()
+        stats.data_wait_s += time.perf_counter() - tw
+        if fingerprint is not None:
+            stats.fingerprints.append(fingerprint(batch))
+        batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+        stats.useful_tokens += useful_tokens(batch)
+        stats.padded_tokens += int(batch["input_ids"].numel())
+        sync_ctx = no_sync() if (no_sync is not None and micro < accum - 1) else \
+            contextlib.nullcontext()
+        with sync_ctx:
+            tf = time.perf_counter()
+            with autocast_context(spec, dt):
+                loss = compute_loss(model, batch, spec) / accum
+            if split_timing:
+                _sync(dt)
+            tb = time.perf_counter()
+            stats.forward_s += tb - tf
+            if state.scaler is not None:
+                state.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            if split_timing:
+                _sync(dt)
+            stats.backward_s += time.perf_counter() - tb
+        losses.append(loss.detach())
+    to = time.perf_counter()
+    params = trainable_parameters(model)
+    if state.scaler is not None:
+        state.scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
+    if state.scaler is not None:
+        state.scaler.step(opt)
+        state.scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    state.scheduler.step()
+    _sync(dt)
+    t1 = time.perf_counter()
+    stats.optimizer_s = t1 - to
+    stats.wall_s = t1 - t0
+    stats.loss = float(torch.stack(losses).sum().float().item())
+    state.step += 1
+    state.useful_tokens_seen += stats.useful_tokens
+    return stats
+
+
+def evaluate(model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]], spec: RunSpec
+             ) -> tuple[float, int]:
+    """Mean validation loss over the batches (no gradients) and the useful tokens seen."""
+    dev = next(model.parameters()).device
+    model.eval()
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            batch = {k: v.to(dev) for k, v in batch.items()}
+            with autocast_context(spec, dev.type):
+                loss = compute_loss(model, batch, spec)
+            k = useful_tokens(batch)
+            total += float(loss.float()) * k
+            n += k
+    model.train()
+    return (total / n if n else float("nan")), n
