@@ -128,7 +128,7 @@ def apply_checkpointing(spec: RunSpec, model: torch.nn.Module) -> None:
     target = model.get_base_model() if hasattr(model, "get_base_model") else model
     enable = getattr(target, "activation_checkpointing_enable", None)  # transformers >= 5
     if enable is not None:
-        enable(gradient_checkpointing_kwargs=kwargs)
+        enable(activation_checkpointing_kwargs=kwargs)
     else:
         target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     target.train()
