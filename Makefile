@@ -19,7 +19,7 @@ $(BIN)/tunepilot: pyproject.toml
 venv: $(BIN)/tunepilot
 
 demo: venv
-	$(BIN)/tunepilot demo
+	$(BIN)/tunepilot plan examples/llama3-8b-lora.yaml
 
 test: venv
 	$(BIN)/ruff check src tests benchmarks

@@ -119,9 +119,12 @@ def cards(catalog: CatalogOpt = None, as_json: JsonOpt = False) -> None:
 
 
 def main() -> None:
-    """Console-script entry point: user errors exit 2 with one paragraph, never a traceback."""
+    """Console-script entry point: user errors exit 2 with one paragraph, never a traceback.
+
+    Usage errors (unknown option, missing argument) are click's: exit 2 with the usage line.
+    """
     try:
-        app(standalone_mode=False)
+        app()
     except UserError as exc:
         _fail(exc, exc.exit_code)
     except TunepilotError as exc:
@@ -129,17 +132,6 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # click's usage errors and aborts
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(1)
-        raise
 
 
 def _fail(exc: TunepilotError, code: int) -> None:

@@ -11,6 +11,8 @@ GIB = 2**30
 GB = 10**9
 
 console = Console(highlight=False)
+if not console.is_terminal:  # piped or captured: don't squeeze tables into 80 columns
+    console = Console(highlight=False, width=160)
 
 
 def gib(n: float | int | None) -> str:
@@ -99,7 +101,7 @@ def render_plan(spec, plan, catalog, headroom: float) -> None:
               title_justify="left")
     for c in ("card", "capacity", "device peak", "fits", "free", "DDP cards", "FSDP cards",
               "max micro-batch", "max seq len"):
-        t.add_column(c, justify="left" if c == "card" else "right")
+        t.add_column(c, justify="left" if c == "card" else "right", no_wrap=c == "card")
     for row in plan.cards:
         t.add_row(row["card"], f"{row['capacity_bytes'] / GB:,.1f} GB", gib(row["device_peak_bytes"]),
                   "yes" if row["fits"] else "[red]no[/red]", f"{row['headroom_fraction']:.0%}",

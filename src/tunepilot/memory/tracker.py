@@ -1,0 +1,287 @@
+"""A dispatch-mode memory tracker: every storage's lifetime, the peak live bytes, and who holds them.
+
+`StorageTracker` is a ``TorchDispatchMode``: it sees the output of every aten op (real or fake
+tensors alike), registers each new storage once (views share their base's storage, so a storage
+is counted once however many tensors look at it) and follows its lifetime with a weak reference:
+PyTorch keeps a storage's Python object alive exactly as long as the C++ ``StorageImpl`` lives, so
+the weakref callback fires when the allocator would get the memory back. Sizes are kept twice:
+as the CUDA caching allocator rounds them (512-byte blocks, ``kMinBlockSize`` in
+c10/cuda/CUDACachingAllocator.cpp) and unrounded.
+
+Attribution is by identity, not by guess:
+
+  weights / master_weights  parameter (and buffer) storages, registered before the step
+  gradients                 a trainable parameter's ``.grad`` storage (post-accumulate-grad hook)
+  optimizer                 storages in ``optimizer.state`` (registered after each step)
+  activations               what a forward leaves alive for backward: tensors autograd saved
+                            (``saved_tensors_hooks``) and anything else allocated in the forward
+                            and still alive at its end (checkpointed layers' inputs, logits)
+  temporary                 the rest: working memory that dies within its phase
+
+A storage's first classification is its role; it is applied retroactively to the peaks already
+recorded (a gradient is allocated by a backward op a moment before autograd stores it in
+``.grad``), so a peak's breakdown always adds up to its total.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+CATEGORIES = ("weights", "master_weights", "gradients", "optimizer", "activations", "temporary")
+MODEL_STATE = frozenset(("weights", "master_weights", "gradients", "optimizer"))
+# CUDA caching allocator: every block is a multiple of 512 bytes (kMinBlockSize); 0 bytes -> none.
+CUDA_BLOCK_BYTES = 512
+
+_TO_COPY = torch.ops.aten._to_copy.default
+
+
+def round_block(nbytes: int, block: int = CUDA_BLOCK_BYTES) -> int:
+    """Bytes the CUDA caching allocator hands out for a request of `nbytes` (0 stays 0)."""
+    return -(-nbytes // block) * block if nbytes > 0 else 0
+
+
+@dataclass
+class Peak:
+    """The largest live total seen while a window was open, with its breakdown at that instant."""
+
+    name: str
+    peak_bytes: int
+    peak_raw_bytes: int  # unrounded storage bytes (its own maximum, may be at another instant)
+    seq: int  # allocation counter at the peak
+    by_category: dict = field(default_factory=dict)
+    saved_bytes: int = 0  # of which autograd's saved tensors (not parameters)
+    weight_cast_bytes: int = 0  # of which 16-bit copies of parameters made by autocast
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "peak_bytes": self.peak_bytes,
+                "peak_raw_bytes": self.peak_raw_bytes, "saved_bytes": self.saved_bytes,
+                "weight_cast_bytes": self.weight_cast_bytes, **{
+                    f"{c}_bytes": self.by_category.get(c, 0) for c in CATEGORIES}}
+
+
+class _Rec:
+    __slots__ = ("nbytes", "raw", "cat", "seq", "classified", "saved", "cast", "ref")
+
+    def __init__(self, nbytes: int, raw: int, cat: str, seq: int, classified: bool):
+        self.nbytes, self.raw, self.cat, self.seq = nbytes, raw, cat, seq
+        self.classified, self.saved, self.cast = classified, 0, False
+        self.ref = None
+
+
+class _Packed:
+    """What autograd stores for a saved tensor while our hooks are on; its death = the release."""
+
+    __slots__ = ("tensor", "rec", "tracker", "__weakref__")
+
+    def __init__(self, tensor, rec, tracker):
+        self.tensor, self.rec, self.tracker = tensor, rec, tracker
+
+    def __del__(self):
+        self.tracker._unsave(self.rec)
+
+
+class StorageTracker(TorchDispatchMode):
+    """Follow every storage the step allocates; record peaks per named window.
+
+    Use: register the model's parameters (``register``), then ``with tracker:`` around the step,
+    ``window(name)`` around phases, ``end_forward()`` after the loss, ``classify(t, cat)`` for
+    gradients and optimizer state. Counters are in bytes.
+    """
+
+    def __init__(self, block_bytes: int = CUDA_BLOCK_BYTES):
+        super().__init__()
+        self.block_bytes = block_bytes
+        self._recs: dict[int, _Rec] = {}
+        self.live_bytes = 0
+        self.live_raw_bytes = 0
+        self.by_category = dict.fromkeys(CATEGORIES, 0)
+        self.saved_bytes = 0
+        self.weight_cast_bytes = 0
+        self.seq = 0
+        self.num_ops = 0
+        self.ops_seen: set = set()
+        self._open: list[Peak] = []
+        self.peaks: list[Peak] = []  # closed windows, in order
+        self._in_forward = False
+        self._forward_recs: list[_Rec] = []
+
+    # --- registration ------------------------------------------------------------------------
+    def _storage(self, t):
+        try:
+            return t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested: no one storage
+            return None
+
+    def _new(self, st, cat: str, classified: bool, nbytes: int | None = None) -> _Rec:
+        raw = st.nbytes() if nbytes is None else nbytes
+        nb = round_block(raw, self.block_bytes)
+        self.seq += 1
+        rec = _Rec(nb, raw, cat, self.seq, classified)
+        key = st._cdata
+        rec.ref = weakref.ref(st, lambda _r, k=key, rec=rec: self._free(k, rec))
+        self._recs[key] = rec
+        self.live_bytes += nb
+        self.live_raw_bytes += raw
+        self.by_category[cat] += nb
+        if self._in_forward and not classified:
+            self._forward_recs.append(rec)
+        self._note_peak()
+        return rec
+
+    def register(self, t: torch.Tensor, cat: str, nbytes: int | None = None) -> None:
+        """Count `t`'s storage as `cat` (parameters, buffers) from now on; `nbytes` overrides
+        its size (a 4-bit weight stood in for by a 16-bit tensor)."""
+        st = self._storage(t)
+        if st is None:
+            return
+        rec = self._recs.get(st._cdata)
+        if rec is None:
+            self._new(st, cat, True, nbytes)
+        elif not rec.classified:
+            self._classify(rec, cat)
+
+    def classify(self, t: torch.Tensor, cat: str) -> None:
+        """Give `t`'s storage the role `cat` if it has none yet (the first role sticks)."""
+        st = self._storage(t)
+        if st is None:
+            return
+        rec = self._recs.get(st._cdata)
+        if rec is None:  # allocated where no op showed it (e.g. before the mode was entered)
+            self._new(st, cat, True)
+        elif not rec.classified:
+            self._classify(rec, cat)
+
+    def _classify(self, rec: _Rec, cat: str) -> None:
+        old = rec.cat
+        rec.cat, rec.classified = cat, True
+        if old == cat:
+            return
+        self.by_category[old] -= rec.nbytes
+        self.by_category[cat] += rec.nbytes
+        if rec.saved and cat in MODEL_STATE:
+            self.saved_bytes -= rec.nbytes
+        # The storage has been alive since rec.seq, so it was part of every peak taken after.
+        for p in self._open + self.peaks:
+            if p.seq >= rec.seq:
+                p.by_category[old] -= rec.nbytes
+                p.by_category[cat] += rec.nbytes
+
+    def _free(self, key: int, rec: _Rec) -> None:
+        if self._recs.get(key) is rec:
+            del self._recs[key]
+        self.live_bytes -= rec.nbytes
+        self.live_raw_bytes -= rec.raw
+        self.by_category[rec.cat] -= rec.nbytes
+        if rec.saved and rec.cat not in MODEL_STATE:
+            self.saved_bytes -= rec.nbytes
+        if rec.cast:
+            self.weight_cast_bytes -= rec.nbytes
+
+    def _resized(self, rec: _Rec, raw: int) -> None:
+        nb = round_block(raw, self.block_bytes)
+        self.live_bytes += nb - rec.nbytes
+        self.live_raw_bytes += raw - rec.raw
+        self.by_category[rec.cat] += nb - rec.nbytes
+        rec.nbytes, rec.raw = nb, raw
+        self._note_peak()
+
+    # --- the dispatch hook -------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.num_ops += 1
+        self.ops_seen.add(func)
+        if isinstance(out, torch.Tensor):
+            self._see(out, func, args)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    self._see(o, func, args)
+                elif isinstance(o, (tuple, list)):
+                    for x in o:
+                        if isinstance(x, torch.Tensor):
+                            self._see(x, func, args)
+        return out
+
+    def _see(self, t: torch.Tensor, func, args) -> None:
+        st = self._storage(t)
+        if st is None:
+            return
+        rec = self._recs.get(st._cdata)
+        if rec is not None:
+            raw = st.nbytes()
+            if raw != rec.raw and rec.cat != "weights":  # resize_ / set_ grew or shrank it
+                self._resized(rec, raw)
+            return
+        rec = self._new(st, "temporary", False)
+        if func is _TO_COPY and args and isinstance(args[0], torch.Tensor):
+            src = self._storage(args[0])
+            srec = self._recs.get(src._cdata) if src is not None else None
+            if srec is not None and srec.cat in ("weights", "master_weights"):
+                rec.cast = True  # autocast's 16-bit copy of a parameter
+                self.weight_cast_bytes += rec.nbytes
+
+    # --- peaks -------------------------------------------------------------------------------
+    def _note_peak(self) -> None:
+        for p in self._open:
+            if self.live_bytes > p.peak_bytes:
+                p.peak_bytes = self.live_bytes
+                p.seq = self.seq
+                p.by_category = dict(self.by_category)
+                p.saved_bytes = self.saved_bytes
+                p.weight_cast_bytes = self.weight_cast_bytes
+            if self.live_raw_bytes > p.peak_raw_bytes:
+                p.peak_raw_bytes = self.live_raw_bytes
+
+    def open_window(self, name: str) -> Peak:
+        p = Peak(name, self.live_bytes, self.live_raw_bytes, self.seq, dict(self.by_category),
+                 self.saved_bytes, self.weight_cast_bytes)
+        self._open.append(p)
+        return p
+
+    def close_window(self, p: Peak) -> Peak:
+        self._open.remove(p)
+        self.peaks.append(p)
+        return p
+
+    def begin_forward(self) -> None:
+        self._in_forward = True
+        self._forward_recs = []
+
+    def end_forward(self) -> None:
+        """What the forward allocated and is still alive is held for backward: activations."""
+        self._in_forward = False
+        for rec in self._forward_recs:
+            if rec.ref() is not None and not rec.classified:
+                self._classify(rec, "activations")
+        self._forward_recs = []
+
+    # --- autograd's saved tensors ------------------------------------------------------------
+    def saved_tensors_hooks(self):
+        """A context in which every tensor autograd saves is counted as saved until released."""
+
+        def pack(t: torch.Tensor):
+            st = self._storage(t)
+            rec = self._recs.get(st._cdata) if st is not None else None
+            if rec is None:
+                return t
+            rec.saved += 1
+            if rec.saved == 1 and rec.cat not in MODEL_STATE:
+                self.saved_bytes += rec.nbytes
+            return _Packed(t, rec, self)
+
+        def unpack(x):
+            return x.tensor if isinstance(x, _Packed) else x
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def _unsave(self, rec: _Rec) -> None:
+        rec.saved -= 1
+        if rec.saved == 0 and rec.cat not in MODEL_STATE and rec.ref() is not None:
+            self.saved_bytes -= rec.nbytes
+
+    def live_by_category(self) -> dict:
+        return dict(self.by_category)

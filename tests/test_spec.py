@@ -1,0 +1,140 @@
+"""The run spec: defaults, derived figures, and bad input that names the field and the fix."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tunepilot.cli import main
+from tunepilot.errors import SpecError
+from tunepilot.spec import load_spec, spec_from_dict
+
+EXAMPLES = sorted(Path(__file__).resolve().parent.parent.glob("examples/*.yaml"))
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    old = sys.argv
+    sys.argv = ["tunepilot", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_defaults_everything_but_model():
+    s = spec_from_dict({"model": {"preset": "tiny"}})
+    assert s.method.kind == "lora" and s.method.lora_rank == 16 and s.method.lora_alpha == 32
+    assert s.optimizer.name == "adamw" and s.optimizer_state_dtype == "fp32"
+    assert s.parallel.strategy == "single" and s.parallel.world_size == 1
+    assert s.target.useful_tokens == 1e9
+
+
+def test_state_dtype_follows_precision():
+    assert spec_from_dict({"model": {"preset": "tiny"}, "precision": "bf16-true"}
+                          ).optimizer_state_dtype == "bf16"
+    assert spec_from_dict({"model": {"preset": "tiny"}, "precision": "bf16-mixed"}
+                          ).optimizer_state_dtype == "fp32"
+
+
+def test_spec_hash_ignores_the_label_but_not_settings():
+    a = spec_from_dict({"model": {"preset": "tiny"}, "name": "a"})
+    b = spec_from_dict({"model": {"preset": "tiny"}, "name": "b"})
+    c = spec_from_dict({"model": {"preset": "tiny"}, "micro_batch_size": 2})
+    assert a.spec_hash() == b.spec_hash() != c.spec_hash()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_load_and_plan(path, capsys):
+    load_spec(path)
+    code, out, err = run_cli(["plan", str(path)], capsys)
+    assert code == 0, err
+    for card in ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb", "mi300x-192gb"):
+        assert card in out
+    assert "GiB" in out and "projected" in out
+
+
+BAD = [
+    ("model: {preset: llama-3-8b}\nmethd: {kind: full}\n", "methd", "method"),
+    ("model: {preset: llama-3-8bb}\n", "model.preset", "llama-3-8b"),
+    ("model: {preset: tiny, config: x.json}\n", "model", "exactly one"),
+    ("model: {preset: tiny}\nmethod: {kind: full, lora_rank: 8}\n", "method", "lora_rank"),
+    ("model: {preset: tiny}\nsequence_length: 0\n", "sequence_length", "greater than 0"),
+    ("model: {preset: tiny}\nmicro_batch_size: -2\n", "micro_batch_size", "greater than 0"),
+    ("model: {preset: tiny}\nmicro_batch_size: lots\n", "micro_batch_size", "integer"),
+    ("model: {preset: tiny}\nprecision: bf16\n", "precision", "bf16-mixed"),
+    ("model: {preset: tiny}\nparallel: {devices: 8}\n", "parallel", "ddp or fsdp"),
+    ("model: {preset: tiny}\nmethod: {lora_targets: [q_prj]}\n", "method.lora_targets", "q_proj"),
+    ("model: [\n", None, "not valid YAML at line"),
+    ("", None, "empty"),
+    ("- a\n- b\n", None, "mapping"),
+]
+
+
+@pytest.mark.parametrize(("text", "field", "needle"), BAD)
+def test_bad_spec_exits_2_naming_the_field(tmp_path, capsys, text, field, needle):
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    code, out, err = run_cli(["plan", str(p)], capsys)
+    assert code == 2
+    assert "Traceback" not in err
+    assert needle in err
+    if field:
+        assert f"{field}:" in err
+
+
+def test_missing_file_and_unknown_card(tmp_path, capsys):
+    code, _, err = run_cli(["plan", str(tmp_path / "nope.yaml")], capsys)
+    assert code == 2 and "does not exist" in err
+    code, _, err = run_cli(["plan", str(EXAMPLES[0]), "--card", "h1000"], capsys)
+    assert code == 2 and "Did you mean" in err and "h100" in err
+
+
+def test_json_error_payload(tmp_path, capsys):
+    p = tmp_path / "s.yaml"
+    p.write_text("model: {preset: tiny}\nsequence_length: 0\n")
+    code, out, _ = run_cli(["plan", str(p), "--json"], capsys)
+    assert code == 2
+    payload = yaml.safe_load(out)
+    assert payload["field"] == "sequence_length" and payload["error"] == "SpecError"
+
+
+def test_spec_error_is_a_one_paragraph_message():
+    with pytest.raises(SpecError) as info:
+        spec_from_dict({"model": {"preset": "tiny"}, "optimizer": {"nme": "sgd"}})
+    assert "\n" not in str(info.value) and "optimizer.nme" in str(info.value)
+
+
+# --- property test: malformed specs never escape as tracebacks --------------------------------
+
+keys = st.sampled_from(["model", "method", "optimizer", "precision", "sequence_length",
+                        "micro_batch_size", "gradient_accumulation_steps", "parallel", "data",
+                        "activation_checkpointing", "target", "preset", "kind", "lora_rank",
+                        "devices", "strategy", "bogus", "name", "chunked_loss"])
+leaves = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True),
+                   st.text(max_size=12), st.sampled_from(["tiny", "full", "lora", "qlora", "fsdp",
+                                                          "bf16-true", "llama-3-8b", "-1"]))
+trees = st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                     st.dictionaries(keys, inner, max_size=4)),
+                     max_leaves=12)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(trees, st.dictionaries(keys, trees, max_size=6).map(
+    lambda d: {"model": {"preset": "tiny"}, **d})))
+def test_malformed_specs_never_raise_a_traceback(tmp_path, capsys, data):
+    p = tmp_path / "fuzz.yaml"
+    p.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli(["plan", str(p), "--card", "h100"], capsys)
+    assert code in (0, 2), err
+    assert "Traceback" not in err
