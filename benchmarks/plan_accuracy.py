@@ -127,7 +127,8 @@ def main() -> int:
     traced_peak = None
     if args.trace:
         from tunepilot.memory.trace import traced_peak_for_benchmark as traced_peak
-    rows = list(csv.DictReader(open(REFERENCE / "published_memory.csv")))
+    with open(REFERENCE / "published_memory.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
     out = []
     for row in rows:
         if row["id"] not in ROWS:

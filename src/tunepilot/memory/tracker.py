@@ -64,10 +64,13 @@ class Peak:
 
 
 class _Rec:
-    __slots__ = ("nbytes", "raw", "cat", "seq", "classified", "saved", "cast", "ref")
+    __slots__ = ("nbytes", "raw", "storage_nbytes", "cat", "seq", "classified", "saved", "cast",
+                 "ref")
 
-    def __init__(self, nbytes: int, raw: int, cat: str, seq: int, classified: bool):
-        self.nbytes, self.raw, self.cat, self.seq = nbytes, raw, cat, seq
+    def __init__(self, nbytes: int, raw: int, storage_nbytes: int, cat: str, seq: int,
+                 classified: bool):
+        self.nbytes, self.raw, self.storage_nbytes = nbytes, raw, storage_nbytes
+        self.cat, self.seq = cat, seq
         self.classified, self.saved, self.cast = classified, 0, False
         self.ref = None
 
@@ -117,10 +120,11 @@ class StorageTracker(TorchDispatchMode):
             return None
 
     def _new(self, st, cat: str, classified: bool, nbytes: int | None = None) -> _Rec:
-        raw = st.nbytes() if nbytes is None else nbytes
+        st_nb = st.nbytes()
+        raw = st_nb if nbytes is None else nbytes
         nb = round_block(raw, self.block_bytes)
         self.seq += 1
-        rec = _Rec(nb, raw, cat, self.seq, classified)
+        rec = _Rec(nb, raw, st_nb, cat, self.seq, classified)
         key = st._cdata
         rec.ref = weakref.ref(st, lambda _r, k=key, rec=rec: self._free(k, rec))
         self._recs[key] = rec
@@ -181,7 +185,9 @@ class StorageTracker(TorchDispatchMode):
         if rec.cast:
             self.weight_cast_bytes -= rec.nbytes
 
-    def _resized(self, rec: _Rec, raw: int) -> None:
+    def _resized(self, rec: _Rec, st_nb: int) -> None:
+        raw = st_nb if rec.raw == rec.storage_nbytes else rec.raw * st_nb // max(rec.storage_nbytes, 1)
+        rec.storage_nbytes = st_nb
         nb = round_block(raw, self.block_bytes)
         self.live_bytes += nb - rec.nbytes
         self.live_raw_bytes += raw - rec.raw
@@ -212,9 +218,9 @@ class StorageTracker(TorchDispatchMode):
             return
         rec = self._recs.get(st._cdata)
         if rec is not None:
-            raw = st.nbytes()
-            if raw != rec.raw and rec.cat != "weights":  # resize_ / set_ grew or shrank it
-                self._resized(rec, raw)
+            st_nb = st.nbytes()
+            if st_nb != rec.storage_nbytes:  # resize_ / set_ grew or shrank it
+                self._resized(rec, st_nb)
             return
         rec = self._new(st, "temporary", False)
         if func is _TO_COPY and args and isinstance(args[0], torch.Tensor):
