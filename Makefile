@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch, pinned for the test/CI set-up only (the package itself does not pin torch).
 TORCH_CPU := torch==2.13.0
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv browser demo test lint bench clean
 
 $(BIN)/tunepilot: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,11 @@ venv: $(BIN)/tunepilot
 demo: venv
 	$(BIN)/tunepilot plan examples/llama3-8b-lora.yaml
 
-test: venv
+# Headless Chromium for the report's browser test (Debian package; needs root, as CI has).
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will skip"
+
+test: venv browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
