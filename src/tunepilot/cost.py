@@ -13,10 +13,12 @@ card and count) + validation passes (spec.validation.every_steps) + checkpoint w
   weight-gradient matmul; N counts matmul weights: the input embedding lookup is not one);
 - N cards: N x scaling efficiency x one card, efficiency measured by ``scale.json`` on this card
   (exact when its nproc is N) or assumed (``cost_model.yaml``);
-- set-up, model load, checkpoint write and export are machine-bound: measured on another catalog
-  card they are carried over unchanged (projected); measured on a device that is not a catalog card
-  (a CPU pilot) they are not used. Sizes (checkpoint bytes, the useful-token fraction) are properties
-  of the run, not the machine: measured anywhere, they stay measured.
+- provisioning (before tunepilot's process starts on the rented cluster) is always assumed;
+- set-up, model load, checkpoint write and export are machine-bound: measured on another card, or
+  on a device that is not a catalog card (a CPU pilot), they are carried over unchanged
+  (projected). A CPU pilot's throughput and validation pass are compute-bound and not carried (a
+  CPU has no catalog peak to scale by). Sizes (checkpoint bytes, the useful-token fraction) are
+  properties of the run, not the machine: measured anywhere, they stay measured.
 Every assumption comes from ``data/cost_model.yaml`` with its source. The term's price (billed
 time, term discount, options, in integer cents) is ``tunepilot.pricing``.
 
@@ -107,7 +109,7 @@ def _get(data: dict, *keys: str) -> Any:
 
 
 @dataclass
-class RunDir:
+class RunMeasurements:
     """What a run directory measured, and on which device."""
 
     path: Path
@@ -127,7 +129,7 @@ class RunDir:
 RUN_FILES = ("manifest", "pilot", "restore", "scale", "export")
 
 
-def read_run_dir(path: Path | str, spec: RunSpec, catalog: Catalog) -> RunDir:
+def read_run_dir(path: Path | str, spec: RunSpec, catalog: Catalog) -> RunMeasurements:
     """Read the stage results in ``path``; UserError when they belong to another spec."""
     path = Path(path)
     if not path.is_dir():
@@ -158,6 +160,7 @@ def read_run_dir(path: Path | str, spec: RunSpec, catalog: Catalog) -> RunDir:
                      "spec and are not used")
         files = {}
     device = _get(files, "manifest", "device") or _get(files, "pilot", "device") or {}
+    device = device if isinstance(device, dict) else {}
     raw_card = device.get("card_id") if isinstance(device, dict) else None
     name = (device.get("name") or device.get("kind") or "unknown device") if device else "unknown"
     card_id = None
@@ -167,9 +170,10 @@ def read_run_dir(path: Path | str, spec: RunSpec, catalog: Catalog) -> RunDir:
         except UserError:
             notes.append(f"measured on {raw_card!r}, which is not a catalog card")
     elif files:
-        notes.append(f"measured on {name}, not a catalog card: throughput and machine timings "
-                     "are projected; sizes measured there are used")
-    return RunDir(path, card_id, str(name), files, notes)
+        notes.append(f"measured on {name}, not a catalog card: throughput and validation are "
+                     "projected from FLOPs; its machine-bound timings are carried over (projected) "
+                     "and its sizes used as measured")
+    return RunMeasurements(path, card_id, str(name), files, notes)
 
 
 # --- the run's arithmetic ----------------------------------------------------------------------
@@ -225,22 +229,23 @@ class _Ctx:
     catalog: Catalog
     facts: RunFacts
     fit: dict[str, dict]  # card id -> plan row
-    run: RunDir | None
+    run: RunMeasurements | None
     method_kind: str
 
 
 def _machine(ctx: _Ctx, card: Card, file: str, keys: tuple[str, ...], unit: str, what: str
              ) -> Figure | None:
-    """A machine-bound measurement: measured on this card, carried over from another catalog card."""
+    """A machine-bound measurement: measured on this card; carried over unchanged (projected)
+    from another card or a device that is not a catalog card (a CPU pilot)."""
     run = ctx.run
     value = run.value(file, *keys) if run else None
-    if value is None or run is None or run.card_id is None:
+    if value is None or run is None:
         return None
     where = f"{file}.json {'.'.join(keys)}"
     if run.card_id == card.id:
         return Figure(value, unit, MEASURED, f"{what}: {where} on {card.id}")
-    return Figure(value, unit, PROJECTED, f"{what}: {where} measured on {run.card_id}, carried "
-                  "over unchanged (machine-bound, not card-bound)")
+    return Figure(value, unit, PROJECTED, f"{what}: {where} measured on {run.card_id or run.device}"
+                  ", carried over unchanged (machine-bound, not card-bound)")
 
 
 def _size(ctx: _Ctx, sources: tuple[tuple[str, tuple[str, ...]], ...]) -> float | None:
@@ -410,6 +415,8 @@ class Quote:
             d[k] = getattr(self, k).to_dict()
         for k in ("cost_per_million_term_usd", "cost_per_million_job_usd", "job_cost_usd"):
             d[k] = None if d[k] is None else str(d[k])
+        # the prices are the catalog's; the time they pay for is measured or projected
+        d["cost_basis"] = self.job_s.basis
         return d
 
 
@@ -447,9 +454,17 @@ def _job(ctx: _Ctx, card: Card, count: int, strategy: str):
         terms.append(TimeTerm(name, times, each, Figure(each.value * times, "s", each.basis,
                                                         f"{times} x {each.value:,.1f} s")))
 
+    add("provisioning", 1, Figure(bw("provisioning_s"), "s", PROJECTED, "assumed (cost_model."
+                                  "yaml provisioning_s): happens on the rented cluster, no stage "
+                                  "measures it"))
     add("set-up", 1, _machine(ctx, card, "pilot", ("timings", "setup_s"), "s", "set-up")
-        or Figure(bw("setup_s"), "s", PROJECTED, "assumed (cost_model.yaml setup_s)"))
-    add("model load", 1, _machine(ctx, card, "pilot", ("timings", "model_load_s"), "s", "load")
+        or Figure(bw("process_setup_s"), "s", PROJECTED, "assumed (cost_model.yaml "
+                  "process_setup_s)"))
+    load = _machine(ctx, card, "pilot", ("timings", "model_load_s"), "s", "load")
+    if load is not None and spec.model.weights == "random":
+        load = Figure(load.value, "s", load.basis, load.how + " (random weights, as the spec says; "
+                      "reading pretrained weights takes longer)")
+    add("model load", 1, load
         or Figure(facts.load_bytes / bw("model_load_bytes_per_s"), "s", PROJECTED,
                   f"{facts.load_bytes / 1e9:,.2f} GB of weights / assumed "
                   f"{bw('model_load_bytes_per_s') / 1e9:g} GB/s (model_load_bytes_per_s)"))
@@ -457,7 +472,9 @@ def _job(ctx: _Ctx, card: Card, count: int, strategy: str):
                               f"{target:,.0f} useful tokens / {total.value:,.0f} tokens/s"))
     val_runs = steps // spec.validation.every_steps
     val = _machine(ctx, card, "pilot", ("timings", "validation_pass_s"), "s", "validation pass")
-    if val is not None and val.basis == PROJECTED and run and run.card_id:
+    if val is not None and run and run.card_id is None:
+        val = None  # compute-bound, and a CPU has no catalog peak to scale it by
+    elif val is not None and val.basis == PROJECTED and run and run.card_id:
         m_one = _per_card_throughput(ctx, ctx.catalog.get(run.card_id), useful)
         val = Figure(val.value * m_one.value / one.value, "s", PROJECTED,
                      f"validation pass measured on {run.card_id}, scaled by the per-card "
@@ -512,7 +529,8 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict[
     cheapest = min(candidates, key=lambda c: (c.total_cents, c.term_s))
     term = term_cost(card, count, term_s, options) if term_s is not None else cheapest
     target = ctx.spec.target.useful_tokens
-    fixed = sum(t.total.value for t in terms if t.name in ("set-up", "model load", "export"))
+    fixed = sum(t.total.value for t in terms
+                if t.name in ("provisioning", "set-up", "model load", "export"))
     share = min(1.0, max(0.0, (term.term_s - fixed) / max(job.value - fixed, 1e-9)))
     in_term = target * share
     disc = Decimal(term.discount_percent) / 100

@@ -1,0 +1,615 @@
+"""The local allocation and billing ledger: an embedded SQLite database of bookings and invoices.
+
+Cards are allocated from the catalog's ``inventory.count`` over half-open UTC intervals
+[start, end). A booking is refused (``CapacityError``, exit code 3) when, at any instant of its
+interval, the cards already booked plus the ones asked for would exceed the inventory; the refusal
+says what is free instead. Check and insert run inside one ``BEGIN IMMEDIATE`` transaction, so two
+processes racing for the last cards are serialised by SQLite: exactly one wins.
+
+Money is integer cents. A booking's invoice holds the line items of its term (from the saved quote
+when ``--quote`` names one, else priced from the catalog at booking time); a cancellation adds a
+refund line (negative) computed from the cancellation policy in force when the booking was made,
+by the time of cancelling relative to the start. An invoice's total is always the sum of its lines.
+
+The database lives in platformdirs' user data dir (``tunepilot/ledger.sqlite3``) unless ``--db``
+(or ``TUNEPILOT_DB``) names another. The schema is versioned with ``PRAGMA user_version`` and the
+ordered ``MIGRATIONS`` below; each applied migration is also recorded in ``schema_migrations``.
+Commands that only read never create the file.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from tunepilot.catalog import Card, Catalog, cents_to_usd
+from tunepilot.errors import TunepilotError, UserError
+from tunepilot.pricing import LineItem, check_count, parse_duration, parse_options, term_cost
+
+DB_FILENAME = "ledger.sqlite3"
+DB_ENV = "TUNEPILOT_DB"
+BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
+BOOKED, CANCELLED = "booked", "cancelled"
+
+
+class CapacityError(UserError):
+    """Not enough cards free over the interval; says what is free instead. Exit code 3."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, hint: str | None, *, free: int, alternative: str | None):
+        self.free = free
+        self.alternative_start = alternative
+        super().__init__("count", message, hint)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "free": self.free, "alternative_start": self.alternative_start}
+
+
+def default_db_path() -> Path:
+    """``$TUNEPILOT_DB``, else ledger.sqlite3 in the user's data directory."""
+    import os
+
+    import platformdirs
+
+    env = os.environ.get(DB_ENV)
+    return Path(env) if env else Path(platformdirs.user_data_dir("tunepilot")) / DB_FILENAME
+
+
+# --- time --------------------------------------------------------------------------------------
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _iso(ts: int) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_start(text: str, now: datetime) -> int:
+    """``--start``: an ISO 8601 time with a UTC offset (``2026-12-01T09:00Z``) or ``now``, not in
+    the past; whole seconds since the epoch."""
+    _check_aware(now)
+    raw = text.strip()
+    if raw.lower() == "now":
+        return int(now.timestamp())
+    fixed = raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
+    try:
+        when = datetime.fromisoformat(fixed)
+    except ValueError:
+        raise UserError("start", f"{text!r} is not an ISO 8601 time.",
+                        "E.g. --start 2026-12-01T09:00Z (UTC) or --start now.") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise UserError("start", f"{text!r} has no UTC offset; times are UTC and must say so.",
+                        f"Write {raw}Z (UTC) or add an offset such as +01:00.")
+    ts = int(when.timestamp())
+    if ts < int(now.timestamp()):
+        raise UserError("start", f"{_iso(ts)} is in the past (now is {_iso(int(now.timestamp()))}).",
+                        "Give a start from now on, or --start now.")
+    return ts
+
+
+def _check_aware(now: datetime) -> None:
+    assert now.tzinfo is not None, "ledger clocks are timezone-aware UTC"
+
+
+# --- schema ------------------------------------------------------------------------------------
+
+
+def _run(db: sqlite3.Connection, script: str) -> None:
+    """Statements one by one: executescript would COMMIT the migration's transaction first."""
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _m1_initial(db: sqlite3.Connection) -> None:
+    _run(db, """
+        CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL,
+                                        applied_at TEXT NOT NULL);
+        CREATE TABLE inventory (card_id TEXT PRIMARY KEY, count INTEGER NOT NULL CHECK (count >= 0),
+                                source TEXT NOT NULL, catalog_as_of TEXT, recorded_at TEXT NOT NULL);
+        CREATE TABLE quotes (id TEXT PRIMARY KEY, created_at TEXT NOT NULL, spec_hash TEXT NOT NULL,
+                             card_id TEXT NOT NULL, count INTEGER NOT NULL, term_s INTEGER NOT NULL,
+                             total_cents INTEGER NOT NULL, body TEXT NOT NULL);
+        CREATE TABLE bookings (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, card_id TEXT NOT NULL,
+            count INTEGER NOT NULL CHECK (count > 0),
+            start_ts INTEGER NOT NULL, end_ts INTEGER NOT NULL CHECK (end_ts > start_ts),
+            quote_id TEXT REFERENCES quotes(id),
+            status TEXT NOT NULL CHECK (status IN ('booked', 'cancelled')),
+            cancellation_policy TEXT NOT NULL, created_at TEXT NOT NULL, cancelled_at TEXT);
+        CREATE INDEX bookings_by_card ON bookings (card_id, status, end_ts);
+        CREATE TABLE invoices (id INTEGER PRIMARY KEY AUTOINCREMENT,
+                               booking_id INTEGER NOT NULL UNIQUE REFERENCES bookings(id),
+                               issued_at TEXT NOT NULL, currency TEXT NOT NULL DEFAULT 'USD');
+        CREATE TABLE line_items (id INTEGER PRIMARY KEY AUTOINCREMENT,
+                                 invoice_id INTEGER NOT NULL REFERENCES invoices(id),
+                                 kind TEXT NOT NULL, description TEXT NOT NULL, quantity TEXT NOT NULL,
+                                 unit TEXT NOT NULL, unit_price_usd TEXT NOT NULL,
+                                 amount_cents INTEGER NOT NULL);
+    """)
+
+
+def _m2_usage(db: sqlite3.Connection) -> None:
+    _run(db, """
+        CREATE TABLE usage (booking_id INTEGER PRIMARY KEY REFERENCES bookings(id),
+                            hours_used TEXT NOT NULL, recorded_at TEXT NOT NULL);
+    """)
+
+
+Migration = Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[tuple[int, str, Migration]] = [
+    (1, "inventory, quotes, bookings, invoices, line items", _m1_initial),
+    (2, "usage per booking", _m2_usage),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+# --- records -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Booking:
+    id: int
+    card_id: str
+    count: int
+    start: str
+    end: str
+    hours: str
+    status: str
+    quote_id: str | None
+    created_at: str
+    cancelled_at: str | None
+    total_cents: int
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "total_usd": str(cents_to_usd(self.total_cents))}
+
+
+@dataclass(frozen=True)
+class Invoice:
+    booking: Booking
+    issued_at: str
+    items: tuple[LineItem, ...]
+
+    @property
+    def total_cents(self) -> int:
+        return sum(i.amount_cents for i in self.items)
+
+    def to_dict(self) -> dict:
+        return {"booking": self.booking.to_dict(), "issued_at": self.issued_at, "currency": "USD",
+                "items": [asdict(i) for i in self.items], "total_cents": self.total_cents,
+                "total_usd": str(cents_to_usd(self.total_cents))}
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    booking: Booking
+    rule: str
+    refund_percent: str
+    paid_cents: int
+    refund_cents: int
+
+    def to_dict(self) -> dict:
+        return {"booking": self.booking.to_dict(), "rule": self.rule,
+                "refund_percent": self.refund_percent, "paid_cents": self.paid_cents,
+                "refund_cents": self.refund_cents, "kept_cents": self.paid_cents - self.refund_cents,
+                "refund_usd": str(cents_to_usd(self.refund_cents))}
+
+
+@dataclass(frozen=True)
+class Usage:
+    booking: Booking
+    hours_used: str
+    hours_booked: str
+    utilisation: str
+    cost_per_used_hour_usd: str | None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "booking": self.booking.to_dict()}
+
+
+def refund_cents(paid_cents: int, percent: Decimal) -> int:
+    """``percent`` of ``paid_cents``, rounded half up to a cent; the provider keeps the rest."""
+    return int((Decimal(paid_cents) * percent / 100).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def cancellation_rule(policy: dict, start_ts: int, now_ts: int) -> tuple[str, Decimal]:
+    """(which rule applies, refund percent) for cancelling at ``now_ts`` a booking starting at
+    ``start_ts``: full refund at least ``full_refund_before_h`` ahead, partial before the start,
+    the after-start rate from the start on."""
+    lead_s = start_ts - now_ts
+    full_h = policy.get("full_refund_before_h")
+    if full_h is not None and lead_s >= Decimal(str(full_h)) * 3600:
+        return f"cancelled at least {full_h} h before the start: full refund", Decimal(100)
+    if lead_s > 0:
+        pct = Decimal(str(policy["partial_refund_percent"]))
+        return f"cancelled {lead_s / 3600:.1f} h before the start: {pct}% refund", pct
+    pct = Decimal(str(policy["after_start_refund_percent"]))
+    return f"cancelled after the start: {pct}% refund", pct
+
+
+def peak_use(rows: list[tuple[int, int, int]], start: int, end: int) -> tuple[int, int]:
+    """(the most cards in use at any instant of [start, end), the first instant it happens) over
+    bookings ``rows`` = (start_ts, end_ts, count). A booking ending at t does not overlap one
+    starting at t."""
+    events: list[tuple[int, int]] = []
+    for s, e, n in rows:
+        if s < end and e > start:
+            events += [(max(s, start), n), (e, -n)]
+    events.sort(key=lambda ev: (ev[0], ev[1]))  # ends (-n) before starts at the same instant
+    peak, at, used = 0, start, 0
+    for t, delta in events:
+        used += delta
+        if used > peak and t < end:
+            peak, at = used, t
+    return peak, at
+
+
+# --- the ledger --------------------------------------------------------------------------------
+
+
+class Ledger:
+    """One open ledger database. Use as a context manager; every write is one transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path):
+        self.conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path | str | None = None) -> Ledger:
+        """Open (creating it and its directory when missing) and migrate to SCHEMA_VERSION."""
+        path = Path(path) if path is not None else default_db_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise UserError("db", f"cannot open the ledger {str(path)!r}: {exc}.",
+                            "Pass a writable file path with --db.") from None
+        conn.execute("PRAGMA foreign_keys = ON")
+        ledger = cls(conn, path)
+        ledger._migrate()
+        return ledger
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE: take the write lock first, so check-then-insert cannot interleave."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        try:
+            if self.schema_version == SCHEMA_VERSION:
+                return
+            with self._tx() as db:  # another process may be migrating: re-read under the lock
+                version = int(db.execute("PRAGMA user_version").fetchone()[0])
+                if version > SCHEMA_VERSION:
+                    raise TunepilotError(f"the ledger {self.path} has schema version {version}, "
+                                         f"newer than this tunepilot's {SCHEMA_VERSION}; upgrade "
+                                         "tunepilot to use it")
+                for number, description, migrate in MIGRATIONS:
+                    if number > version:
+                        migrate(db)
+                        db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                                   (number, description, _iso(int(utc_now().timestamp()))))
+                        db.execute(f"PRAGMA user_version = {number}")
+        except sqlite3.DatabaseError as exc:
+            raise UserError("db", f"{str(self.path)!r} is not a tunepilot ledger: {exc}.",
+                            "Pass another file with --db.") from None
+
+    # -- quotes -----------------------------------------------------------------------------
+
+    def save_quote(self, body: dict, now: datetime) -> str:
+        quote_id = "q-" + secrets.token_hex(6)
+        term = body["term"]
+        with self._tx() as db:
+            db.execute("INSERT INTO quotes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (quote_id, _iso(int(now.timestamp())), body["spec_hash"], body["card_id"],
+                        body["count"], term["term_s"], term["total_cents"],
+                        json.dumps(body, default=str)))
+        return quote_id
+
+    def get_quote(self, quote_id: str) -> dict:
+        row = self.conn.execute("SELECT body FROM quotes WHERE id = ?", (quote_id,)).fetchone()
+        if row is None:
+            raise UserError("quote", f"no quote {quote_id!r} in the ledger {self.path}.",
+                            "Save one with `tunepilot quote SPEC ... --save`.")
+        return json.loads(row[0])
+
+    # -- bookings ---------------------------------------------------------------------------
+
+    def book(self, card: Card, count: int, start_ts: int, term_s: int, items: list[LineItem],
+             *, quote_id: str | None, catalog_as_of: str | None, now: datetime) -> Booking:
+        """Allocate ``count`` x ``card`` for [start, start + term_s) or raise CapacityError."""
+        end_ts = start_ts + term_s
+        inventory = card.inventory.count
+        stamp = _iso(int(now.timestamp()))
+        with self._tx() as db:
+            rows = db.execute("SELECT start_ts, end_ts, count FROM bookings WHERE card_id = ? AND "
+                              "status = ? AND end_ts > ?", (card.id, BOOKED, start_ts)).fetchall()
+            used, at = peak_use(rows, start_ts, end_ts)
+            if used + count > inventory:
+                raise _refusal(card, count, start_ts, term_s, rows, used, at)
+            db.execute("INSERT INTO inventory VALUES (?, ?, ?, ?, ?) ON CONFLICT (card_id) DO "
+                       "UPDATE SET count = excluded.count, source = excluded.source, "
+                       "catalog_as_of = excluded.catalog_as_of, recorded_at = excluded.recorded_at",
+                       (card.id, inventory, card.inventory.source, catalog_as_of, stamp))
+            policy = json.dumps(card.pricing.cancellation.model_dump(mode="json"))
+            cur = db.execute("INSERT INTO bookings (card_id, count, start_ts, end_ts, quote_id, "
+                             "status, cancellation_policy, created_at) VALUES (?,?,?,?,?,?,?,?)",
+                             (card.id, count, start_ts, end_ts, quote_id, BOOKED, policy, stamp))
+            booking_id = int(cur.lastrowid)
+            inv = db.execute("INSERT INTO invoices (booking_id, issued_at) VALUES (?, ?)",
+                             (booking_id, stamp)).lastrowid
+            db.executemany("INSERT INTO line_items (invoice_id, kind, description, quantity, unit, "
+                           "unit_price_usd, amount_cents) VALUES (?,?,?,?,?,?,?)",
+                           [(inv, i.kind, i.description, i.quantity, i.unit, i.unit_price_usd,
+                             i.amount_cents) for i in items])
+        return self.booking(booking_id)
+
+    def booking(self, booking_id: int) -> Booking:
+        rows = self._bookings("WHERE b.id = ?", (booking_id,))
+        if not rows:
+            raise UserError("id", f"no booking {booking_id} in the ledger {self.path}.",
+                            "List them with `tunepilot bookings`.")
+        return rows[0]
+
+    def bookings(self, card_id: str | None = None, include_cancelled: bool = False) -> list[Booking]:
+        where, args = [], []
+        if card_id:
+            where.append("b.card_id = ?")
+            args.append(card_id)
+        if not include_cancelled:
+            where.append("b.status = 'booked'")
+        return self._bookings(("WHERE " + " AND ".join(where)) if where else "", tuple(args))
+
+    def _bookings(self, where: str, args: tuple) -> list[Booking]:
+        sql = ("SELECT b.id, b.card_id, b.count, b.start_ts, b.end_ts, b.status, b.quote_id, "
+               "b.created_at, b.cancelled_at, COALESCE(SUM(li.amount_cents), 0) FROM bookings b "
+               "LEFT JOIN invoices i ON i.booking_id = b.id "
+               f"LEFT JOIN line_items li ON li.invoice_id = i.id {where} "
+               "GROUP BY b.id ORDER BY b.start_ts, b.id")
+        return [Booking(r[0], r[1], r[2], _iso(r[3]), _iso(r[4]), _hours(r[4] - r[3]), r[5], r[6],
+                        r[7], r[8], int(r[9])) for r in self.conn.execute(sql, args)]
+
+    def free(self, card: Card, start_ts: int, end_ts: int) -> int:
+        """Cards of ``card`` free at every instant of [start, end)."""
+        rows = self.conn.execute("SELECT start_ts, end_ts, count FROM bookings WHERE card_id = ? "
+                                 "AND status = ? AND end_ts > ?", (card.id, BOOKED, start_ts))
+        return card.inventory.count - peak_use(rows.fetchall(), start_ts, end_ts)[0]
+
+    def cancel(self, booking_id: int, now: datetime) -> Cancellation:
+        """Cancel per the booking's policy; the refund is a negative line on its invoice."""
+        now_ts = int(now.timestamp())
+        with self._tx() as db:
+            row = db.execute("SELECT status, start_ts, cancellation_policy FROM bookings WHERE "
+                             "id = ?", (booking_id,)).fetchone()
+            if row is None:
+                raise UserError("id", f"no booking {booking_id} in the ledger {self.path}.",
+                                "List them with `tunepilot bookings`.")
+            if row[0] == CANCELLED:
+                raise UserError("id", f"booking {booking_id} is already cancelled.", None)
+            rule, pct = cancellation_rule(json.loads(row[2]), row[1], now_ts)
+            inv = db.execute("SELECT id FROM invoices WHERE booking_id = ?",
+                             (booking_id,)).fetchone()[0]
+            paid = db.execute("SELECT COALESCE(SUM(amount_cents), 0) FROM line_items WHERE "
+                              "invoice_id = ?", (inv,)).fetchone()[0]
+            refund = refund_cents(int(paid), pct)
+            db.execute("INSERT INTO line_items (invoice_id, kind, description, quantity, unit, "
+                       "unit_price_usd, amount_cents) VALUES (?, 'refund', ?, ?, 'percent', '', ?)",
+                       (inv, f"refund: {rule}", str(pct), -refund))
+            db.execute("UPDATE bookings SET status = ?, cancelled_at = ? WHERE id = ?",
+                       (CANCELLED, _iso(now_ts), booking_id))
+        return Cancellation(self.booking(booking_id), rule, str(pct), int(paid), refund)
+
+    def invoice(self, booking_id: int) -> Invoice:
+        booking = self.booking(booking_id)
+        inv = self.conn.execute("SELECT id, issued_at FROM invoices WHERE booking_id = ?",
+                                (booking_id,)).fetchone()
+        items = self.conn.execute("SELECT kind, description, quantity, unit, unit_price_usd, "
+                                  "amount_cents FROM line_items WHERE invoice_id = ? ORDER BY id",
+                                  (inv[0],)).fetchall()
+        return Invoice(booking, inv[1], tuple(LineItem(*r) for r in items))
+
+    def record_usage(self, booking_id: int, hours_used: Decimal, now: datetime) -> Usage:
+        booking = self.booking(booking_id)
+        booked = Decimal(booking.hours)
+        if hours_used > booked:
+            raise UserError("hours_used", f"{hours_used} h is more than the {booked} h booked.",
+                            "Give the hours the cards were actually used.")
+        with self._tx() as db:
+            db.execute("INSERT INTO usage VALUES (?, ?, ?) ON CONFLICT (booking_id) DO UPDATE SET "
+                       "hours_used = excluded.hours_used, recorded_at = excluded.recorded_at",
+                       (booking_id, str(hours_used), _iso(int(now.timestamp()))))
+        return self.usage(booking_id)
+
+    def usage(self, booking_id: int) -> Usage:
+        booking = self.booking(booking_id)
+        row = self.conn.execute("SELECT hours_used FROM usage WHERE booking_id = ?",
+                                (booking_id,)).fetchone()
+        if row is None:
+            raise UserError("hours_used", f"no usage recorded for booking {booking_id}.",
+                            f"Record it with `tunepilot usage {booking_id} --hours-used H`.")
+        used, booked = Decimal(row[0]), Decimal(booking.hours)
+        per_hour = (Decimal(booking.total_cents) / 100 / used).quantize(Decimal("0.0001"),
+                                                                        ROUND_HALF_UP) if used else None
+        return Usage(booking, str(used), str(booked),
+                     str((used / booked).quantize(Decimal("0.0001"), ROUND_HALF_UP)),
+                     None if per_hour is None else str(per_hour))
+
+    def spend(self) -> list[dict]:
+        """Spend by card and UTC month of the booking's start: billed, refunded, net (cents)."""
+        sql = ("SELECT b.card_id, strftime('%Y-%m', b.start_ts, 'unixepoch') AS month, "
+               "COUNT(DISTINCT b.id), "
+               "COALESCE(SUM(CASE WHEN li.kind != 'refund' THEN li.amount_cents END), 0), "
+               "COALESCE(SUM(CASE WHEN li.kind = 'refund' THEN -li.amount_cents END), 0) "
+               "FROM bookings b JOIN invoices i ON i.booking_id = b.id "
+               "JOIN line_items li ON li.invoice_id = i.id GROUP BY b.card_id, month "
+               "ORDER BY month, b.card_id")
+        hours = {(r[0], r[1]): r[2] for r in self.conn.execute(
+            "SELECT card_id, strftime('%Y-%m', start_ts, 'unixepoch'), SUM(count * (end_ts - "
+            "start_ts)) FROM bookings WHERE status = 'booked' GROUP BY 1, 2")}
+        return [{"card": card, "month": month, "bookings": n,
+                 "card_hours_booked": _hours(hours.get((card, month), 0)),
+                 "billed_cents": billed, "refunded_cents": refunded,
+                 "net_cents": billed - refunded, "net_usd": str(cents_to_usd(billed - refunded))}
+                for card, month, n, billed, refunded in self.conn.execute(sql)]
+
+
+def _hours(seconds: int) -> str:
+    return f"{(Decimal(seconds) / 3600).normalize():f}"
+
+
+def _refusal(card: Card, count: int, start: int, term_s: int, rows: list, used: int, at: int
+             ) -> CapacityError:
+    inventory = card.inventory.count
+    free = max(inventory - used, 0)
+    if count > inventory:
+        return CapacityError(f"{count} x {card.id} asked for, but the inventory has only "
+                             f"{inventory}.", f"Book at most {inventory}, or another card.",
+                             free=free, alternative=None)
+    alternative = None
+    for t in sorted({start} | {e for _, e, _ in rows if e > start}):
+        if peak_use(rows, t, t + term_s)[0] + count <= inventory:
+            alternative = _iso(t)
+            break
+    instead = f"{count} x {card.id} are free for {_hours(term_s)} h from {alternative}"
+    return CapacityError(
+        f"only {free} of {inventory} x {card.id} are free for the whole of {_iso(start)} .. "
+        f"{_iso(start + term_s)} ({used} booked at {_iso(at)}); {count} asked for.",
+        f"Instead: {f'book {free} at that time, or ' if free else ''}{instead}.", free=free,
+        alternative=alternative)
+
+
+# --- what the CLI calls: check the input first, then open the database ---------------------------
+
+
+def book(catalog: Catalog, *, db: Path | str | None, card_id: str | None, count: int | None,
+         start: str, hours: str | None = None, days: str | None = None,
+         quote_id: str | None = None, options: list[str] | None = None,
+         now: datetime | None = None) -> Booking:
+    """Book cards from the inventory; with ``quote_id`` the saved quote sets card, count, term and
+    prices (flags given as well must agree with it). Bad input raises before the file is touched."""
+    now = now or utc_now()
+    start_ts = parse_start(start, now)
+    if quote_id is None:
+        if card_id is None or count is None:
+            raise UserError("card", "give --card and --count (or --quote QUOTE_ID).",
+                            "E.g. tunepilot book --card h200 --count 1 --start now --hours 72.")
+        card = catalog.get(card_id)
+        check_count(count)
+        term_s = parse_duration(hours, days)
+        opts = parse_options(card, options)
+        with Ledger.open(db) as ledger:
+            items = list(term_cost(card, count, term_s, opts).items)
+            return ledger.book(card, count, start_ts, term_s, items, quote_id=None,
+                               catalog_as_of=catalog.as_of, now=now)
+    path = Path(db) if db is not None else default_db_path()
+    if not path.exists():
+        raise UserError("quote", f"no quote {quote_id!r}: the ledger {path} does not exist yet.",
+                        "Save a quote first with `tunepilot quote SPEC ... --save`.")
+    if options:
+        raise UserError("option", "a quoted booking takes its options from the quote.",
+                        "Quote again with the --option flags, then book that quote.")
+    with Ledger.open(path) as ledger:
+        body = ledger.get_quote(quote_id)
+        card = catalog.get(body["card_id"])
+        given = {"card": card_id and catalog.get(card_id).id, "count": count,
+                 "term_s": parse_duration(hours, days, required=False)}
+        quoted = {"card": card.id, "count": body["count"], "term_s": body["term"]["term_s"]}
+        for key, value in given.items():
+            if value is not None and value != quoted[key]:
+                raise UserError(key if key != "term_s" else "hours",
+                                f"quote {quote_id} is for {quoted['count']} x {quoted['card']} "
+                                f"for {_hours(quoted['term_s'])} h, not {key} {value}.",
+                                "Leave the flag out to book the quote as quoted.")
+        items = [LineItem(**{k: i[k] for k in LineItem.__dataclass_fields__})
+                 for i in body["term"]["items"]]
+        return ledger.book(card, quoted["count"], start_ts, quoted["term_s"], items,
+                           quote_id=quote_id, catalog_as_of=catalog.as_of, now=now)
+
+
+@contextmanager
+def existing(db: Path | str | None) -> Iterator[Ledger | None]:
+    """The ledger at ``db`` when the file exists, else None (reading never creates it)."""
+    path = Path(db) if db is not None else default_db_path()
+    if not path.exists():
+        yield None
+        return
+    with Ledger.open(path) as ledger:
+        yield ledger
+
+
+def _need(ledger: Ledger | None, db: Path | str | None, booking_id: int) -> Ledger:
+    if ledger is None:
+        path = Path(db) if db is not None else default_db_path()
+        raise UserError("id", f"no booking {booking_id}: the ledger {path} does not exist yet.",
+                        "Book something first with `tunepilot book`.")
+    return ledger
+
+
+def cancel(db: Path | str | None, booking_id: int, now: datetime | None = None) -> Cancellation:
+    with existing(db) as ledger:
+        return _need(ledger, db, booking_id).cancel(booking_id, now or utc_now())
+
+
+def invoice(db: Path | str | None, booking_id: int) -> Invoice:
+    with existing(db) as ledger:
+        return _need(ledger, db, booking_id).invoice(booking_id)
+
+
+def usage(db: Path | str | None, booking_id: int, hours_used: str,
+          now: datetime | None = None) -> Usage:
+    try:
+        used = Decimal(str(hours_used).strip())
+    except InvalidOperation:
+        used = Decimal("NaN")
+    if not used.is_finite() or used < 0:
+        raise UserError("hours_used", f"must be a number of hours >= 0, got {hours_used!r}.",
+                        "E.g. --hours-used 61.5.")
+    with existing(db) as ledger:
+        return _need(ledger, db, booking_id).record_usage(booking_id, used, now or utc_now())
+
+
+def bookings(db: Path | str | None, card_id: str | None = None,
+             include_cancelled: bool = False) -> list[Booking]:
+    with existing(db) as ledger:
+        return ledger.bookings(card_id, include_cancelled) if ledger else []
+
+
+def spend(db: Path | str | None) -> list[dict]:
+    with existing(db) as ledger:
+        return ledger.spend() if ledger else []
+
+
+def save_quote(db: Path | str | None, body: dict[str, Any], now: datetime | None = None) -> str:
+    with Ledger.open(db) as ledger:
+        return ledger.save_quote(body, now or utc_now())
