@@ -111,3 +111,17 @@ def render_plan(spec, plan, catalog, headroom: float) -> None:
     console.print(t)
     if plan.assumptions:
         console.print("assumes: " + "; ".join(plan.assumptions))
+
+
+def render_decision(result, report_path) -> None:
+    """The gates and the decision paragraph at the end of `run` / `demo`."""
+    t = Table(title=f"Staged pilot: {result.spec_label} ({result.run_dir})", title_justify="left")
+    for c in ("stage", "verdict", "summary"):
+        t.add_column(c)
+    style = {"passed": "green", "failed": "red", "skipped": "dim"}
+    for g in result.gates:
+        verdict = f"[{style.get(g.status, '')}]{g.status}[/]" + (" (reused)" if g.reused else "")
+        t.add_row(g.stage, verdict, g.summary)
+    console.print(t)
+    console.print(("[bold green]" if result.ready else "[bold red]") + result.decision + "[/]")
+    console.print(f"report: {report_path}")

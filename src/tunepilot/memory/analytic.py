@@ -6,7 +6,9 @@ flash/memory-efficient kernel, so no s x s term), PEFT LoRA, PyTorch optimizers,
 *-mixed precisions. Byte counts per token are derived in the comments from what autograd saves.
 
 The peak is taken over the step's timeline (a list of phases), not as a sum of maxima:
-  loss-backward  end of forward, all saved activations alive, logits + cross-entropy transients
+  forward-end    inside autocast: saved activations, autocast's weight casts, the logits and
+                 their fp32 upcast
+  loss-backward  the cross-entropy backward: saved activations and the fp32 loss gradients
   backward-end   all gradients materialised, activations freed
   optimizer-step gradients + optimizer state + the optimizer's temporaries
 Optimizer state exists from step 1 on, so every phase includes it (the plan is of step 2+).
@@ -39,8 +41,9 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_PARAM = 0.5
 NF4_ABSMAX_BYTES_PER_PARAM = 4 / 64
 NF4_DQ_ABSMAX_BYTES_PER_PARAM = 1 / 64 + 4 / (64 * 256)
-# bitsandbytes 8-bit optimizers: two uint8 states + one fp32 absmax per 2048-element block each.
-ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 2048
+# bitsandbytes 8-bit optimizers: two uint8 states + one fp32 absmax per 256-element block each
+# (bitsandbytes Optimizer2State.init_state, blocksize 256).
+ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
 # The chunk a chunked loss computes at once (tokens); tunepilot's own chunked loss uses the same.
 CHUNKED_LOSS_TOKENS = 1024
 # FSDP2 keeps the current and the prefetched layer unsharded while resharding after forward.
@@ -124,54 +127,73 @@ def _dtypes(spec: RunSpec) -> tuple[int, int, int]:
     return cb, 4, 4  # fp32, or *-mixed with fp32 parameters
 
 
+# Which per-layer input a linear reads: matmul inputs are saved per input tensor, not per linear
+# (q, k and v share one input; gate and up share one).
+_O_NAMES = {"o_proj", "dense", "out_proj", "c_proj"}
+_DOWN_NAMES = {"down_proj", "fc2", "dense_4h_to_h", "w2", "c_proj"}
+
+
+def _input_group(lin: LinearSpec) -> str:
+    if lin.group == "attention":
+        return "o_in" if lin.name in _O_NAMES else "attn_in"
+    if lin.group == "mlp" and lin.name in _DOWN_NAMES:
+        return "down_in"
+    return "mlp_in"  # gate/up (and the MoE router) read the MLP's input
+
+
 def _layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int) -> int:
     """Bytes autograd saves for one decoder layer, per token, without checkpointing.
 
-    norms (HF RMSNorm): the fp32 input (4h) and the normalised input before the weight (sb*h);
-      LayerNorm: its input in fp32 under autocast/fp32 (4h), in bf16 under bf16-true (2h).
-    matmul inputs: the attention input, the o_proj input, the MLP input (cb*h each; a parallel
-      block shares one input between attention and MLP).
+    A matmul saves its input only when its weight needs a gradient: full fine-tuning saves every
+    linear's input (cb per feature); a frozen LoRA base saves none, and the adapters save theirs
+    (see _lora_saved_bytes_per_token). A norm saves its input in fp32 (HF RMSNorm upcasts: 4h;
+    LayerNorm: 4h under autocast/fp32, 2h under bf16-true) and, when its weight trains, the
+    normalised value (sb*h).
     SDPA (flash / memory-efficient): q, k, v and the output (cb*(2*hq + 2*hkv)) + fp32 logsumexp.
-    MLP gated (SwiGLU/GeGLU): gate out, act(gate), up out, product (4*cb*i) per routed expert;
-      plain (GELU): fc1 out and act(fc1) (2*cb*i).
+    MLP gated (SwiGLU/GeGLU): the gate output (saved by the activation), act(gate) and the up
+    output (saved by the product): 3*cb*i per routed expert; plain (GELU): the fc1 output.
     """
     h = arch.hidden_size
     hq = arch.num_heads * arch.head_dim
     hkv = arch.num_kv_heads * arch.head_dim
     i = arch.intermediate_size
     k = arch.experts_per_token if arch.num_experts > 1 else 1
+    full = spec.method.kind == "full"
     if arch.norm_kind == "rms":
-        per_norm = 4 * h + sb * h
+        per_norm = 4 * h + (sb * h if full else 0)
     else:
         per_norm = (4 if sb == 4 else 2) * h
     norms = arch.norms_per_layer * per_norm
-    parallel = arch.family == "phi" or arch.norms_per_layer == 1  # one input feeds attn + MLP
-    matmul_inputs = cb * hq + cb * h * (1 if parallel else 2)  # attn-in (+ mlp-in), o_proj-in
     sdpa = cb * (2 * hq + 2 * hkv) + 4 * arch.num_heads
-    mlp = (4 if arch.mlp_kind == "gated" else 2) * cb * i * k
+    mlp = (3 if arch.mlp_kind == "gated" else 1) * cb * i * k
     if arch.num_experts > 1:
         mlp += cb * h * k + 4 * arch.num_experts  # tokens gathered per expert + router logits
-    total = norms + matmul_inputs + sdpa + mlp
-    if spec.method.is_lora:
+    total = norms + sdpa + mlp
+    if full:
+        parallel = arch.family == "phi" or arch.norms_per_layer == 1  # one input, attn + MLP
+        total += cb * (h + hq + (0 if parallel else h) + i * k)  # attn, o, mlp, down inputs
+    else:
         total += _lora_saved_bytes_per_token(arch, spec, cb)
     return total
 
 
 def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
-    """What LoRA layers add: PEFT keeps adapters in fp32, so on a bf16-true base the input is cast
-    to fp32 (4*in saved); dropout > 0 saves a mask (1 B) and its output (cb) per input feature;
-    lora_A's output (r values) is saved for lora_B."""
+    """What LoRA layers save: each adapted input once per input tensor - PEFT keeps adapters in
+    fp32, so on a bf16-true base lora_A saves the fp32 cast of its input (4*in), under autocast
+    the 16-bit cast back (cb*in), under fp32 the input itself; dropout > 0 adds a mask (1 B) and
+    its output (cb) per input feature per adapter; lora_A's output (r values) is saved for
+    lora_B."""
     r = spec.method.lora_rank or 0
+    per_feature = 4 if spec.precision == "bf16-true" else cb
     extra = 0
+    inputs: dict[str, int] = {}
     for lin, mult in _lora_targets(arch, spec):
-        per = r * mult * cb
-        if cb == 2 and spec.frozen_base_dtype != "fp32":
-            # the fp32 copy of the input is saved (bf16-true), or its autocast cast back (mixed)
-            per += (4 if spec.precision == "bf16-true" else cb) * lin.in_features
+        extra += r * mult * cb * lin.count_per_layer
         if spec.method.lora_dropout > 0:
-            per += (1 + cb) * lin.in_features
-        extra += per * lin.count_per_layer
-    return extra
+            extra += (1 + cb) * lin.in_features * lin.count_per_layer
+        group = _input_group(lin)
+        inputs[group] = max(inputs.get(group, 0), per_feature * lin.in_features)
+    return extra + sum(inputs.values())
 
 
 def _lora_targets(arch: Arch, spec: RunSpec) -> list[tuple[LinearSpec, int]]:
@@ -207,14 +229,15 @@ def _activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) -> tu
 def _logits(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, int]:
     """(logits bytes retained at the loss, cross-entropy transient in the loss backward).
 
-    HF computes logits (cb*V per token, kept in the model output), upcasts them to fp32 for the
-    loss and log_softmax saves its fp32 output (4V). In the loss backward the fp32 gradient of
+    HF computes logits (cb*V per token), upcasts them to fp32 for the loss, and log_softmax saves
+    its fp32 output (4V); the 16-bit logits die with the model output when only the loss is kept
+    (tunepilot's step keeps only the loss). In the loss backward the fp32 gradients of
     log_softmax's output and of its input exist together (2 x 4V). A chunked loss (recomputed per
     chunk) holds this for CHUNKED_LOSS_TOKENS at a time instead of all tokens.
     """
     V = arch.vocab_size
     t = min(tokens, CHUNKED_LOSS_TOKENS) if spec.chunked_loss else tokens
-    retained = (cb + 4) * V * t
+    retained = 4 * V * t
     transient = 8 * V * t
     if spec.chunked_loss:  # the final hidden states are kept for the recompute
         retained += cb * arch.hidden_size * tokens
@@ -356,22 +379,30 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
 
     # -- activations ------------------------------------------------------------------------
     saved, layer_ws = _activations(arch, spec, cb, sb, tokens)
-    casts = 0
+    casts_fwd = casts_bwd = 0
     if mixed and (spec.method.kind == "full" or spec.frozen_base_dtype == "fp32"):
-        # autocast casts each fp32 weight to 16 bit per matmul; autograd saves the cast for the
-        # input gradient (and caches trainable ones): 2 B per linear weight until its backward.
-        casts = 2 * (linear_weights + lm_head_weights) // (shard if fsdp else 1)
+        # autocast casts each fp32 weight to 16 bit per matmul and caches the trainable ones
+        # until the forward ends; autograd saves the casts for the input gradients - unless the
+        # layer is checkpointed, then only lm_head's (outside the checkpointed layers) survives.
+        casts_fwd = 2 * (linear_weights + lm_head_weights) // shard
+        casts_bwd = casts_fwd if spec.activation_checkpointing == "none" else \
+            2 * lm_head_weights // shard
     logits_kept, logits_transient = _logits(arch, spec, cb, tokens)
+    t_logits = min(tokens, CHUNKED_LOSS_TOKENS) if spec.chunked_loss else tokens
+    logits_fwd = (cb + 4) * arch.vocab_size * t_logits  # lm_head output + its fp32 upcast
     dequant = 0
     if spec.method.kind == "qlora":  # one linear dequantised to bf16 at a time
         dequant = 2 * max(m.in_features * m.out_features for m in linear_modules(arch))
     accumulating = spec.gradient_accumulation_steps > 1
     largest_weight = max([m.in_features * m.out_features for m in linear_modules(arch)]
                          + [lm_head_weights])
+    acc_grads = grads if accumulating else 0
 
     phases = [
-        Phase("loss-backward", weights, master, grads if accumulating else 0, optim,
-              saved + casts + logits_kept, logits_transient + dequant + unsharded, 0),
+        Phase("forward-end", weights, master, acc_grads, optim,
+              saved + casts_fwd + logits_kept, logits_fwd + unsharded, 0),
+        Phase("loss-backward", weights, master, acc_grads, optim,
+              saved + casts_bwd + logits_kept, logits_transient + unsharded, 0),
         Phase("backward-end", weights, master, grads, optim, layer_ws,
               cb * largest_weight + dequant + unsharded, buckets),
         Phase("optimizer-step", weights, master, grads, optim, 0, optim_temp, buckets),

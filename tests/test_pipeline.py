@@ -1,0 +1,158 @@
+"""The staged pilot end to end: gates, resume, a forced gate failure, and the report in a real
+browser (headless Chromium through playwright; skipped cleanly when Chromium is not installed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunepilot.pipeline import GateFailed, RunOptions, run_pipeline
+from tunepilot.report.html import build_report
+from tunepilot.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "examples" / "tiny.yaml"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One real staged pilot of the tiny spec (no scaling: one device, no --nproc)."""
+    out = tmp_path_factory.mktemp("run") / "tiny"
+    spec = load_spec(TINY)
+    said: list[str] = []
+    result = run_pipeline(spec, out, RunOptions(trace=False, pilot_max_steps=8,
+                                                restore_steps=(2, 2)), say=said.append)
+    return spec, out, result, said
+
+
+def test_every_gate_passes_and_the_decision_names_a_card(tiny_run):
+    _, out, result, _ = tiny_run
+    assert result.ready
+    assert [g.stage for g in result.gates] == ["plan", "pilot", "restore", "scale", "quote"]
+    assert {g.status for g in result.gates if g.stage != "scale"} == {"passed"}
+    assert next(g for g in result.gates if g.stage == "scale").status == "skipped"
+    assert result.decision.startswith("Book ") and "per million useful tokens" in result.decision
+    for name in ("plan", "pilot", "restore", "quote", "decision", "manifest"):
+        assert (out / f"{name}.json").exists(), name
+
+
+def test_rerun_reuses_completed_stages(tiny_run):
+    spec, out, first, _ = tiny_run
+    said: list[str] = []
+    again = run_pipeline(spec, out, RunOptions(trace=False), say=said.append)
+    reused = {g.stage for g in again.gates if g.reused}
+    assert {"plan", "pilot", "restore"} <= reused
+    assert any("reusing" in s for s in said)
+    assert again.decision == first.decision
+
+
+def test_a_forced_memory_limit_stops_the_pipeline_at_the_pilot_gate(tmp_path, capsys):
+    from tunepilot.cli import main
+
+    out = tmp_path / "oom"
+    old = sys.argv
+    sys.argv = ["tunepilot", "run", str(TINY), "--out", str(out), "--memory-limit", "1MiB",
+                "--no-trace", "--json"]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main()
+    finally:
+        sys.argv = old
+    assert exc.value.code == 1
+    payload = json.loads(capsys.readouterr().out)
+    assert not payload["ready"]
+    assert payload["decision"].startswith("Not ready: pilot failed")
+    assert "does not fit" in payload["decision"]
+    gates = {g["stage"]: g["status"] for g in payload["gates"]}
+    assert gates == {"plan": "passed", "pilot": "failed"}
+    assert not (out / "restore.json").exists()  # stopped at the failed gate
+    assert (out / "report.html").exists()
+
+
+def test_restore_failure_is_named_in_the_decision(tiny_run, tmp_path, monkeypatch):
+    spec, out, _, _ = tiny_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    data = json.loads((copy / "restore.json").read_text())
+    data["passed"] = False
+    data["failed_components"] = ["rng"]
+    (copy / "restore.json").write_text(json.dumps(data))
+    with pytest.raises(GateFailed) as info:
+        run_pipeline(spec, copy, RunOptions(trace=False))
+    assert "restore failed on rng" in info.value.result.decision
+
+
+def test_report_markdown_summary(tiny_run):
+    _, out, result, _ = tiny_run
+    html, md = build_report(out)
+    text = md.read_text()
+    assert result.decision in text and "| restore | passed |" in text
+    page = html.read_text()
+    assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed")
+def test_report_renders_in_a_real_browser(tiny_run, tmp_path):
+    playwright = pytest.importorskip("playwright.sync_api")
+    _, out, result, _ = tiny_run
+    html, _ = build_report(out)
+    errors: list[str] = []
+    requests: list[str] = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(html.as_uri())
+        decision = page.inner_text("#decision")
+        gates = page.inner_text("#gates")
+        broken = page.evaluate(
+            "[...document.images].filter(i => !i.complete || i.naturalWidth === 0).length")
+        svgs = page.evaluate("document.querySelectorAll('svg').length")
+        sections = page.evaluate("[...document.querySelectorAll('section')].map(s => s.id)")
+        steps_text = page.inner_text("#steps")
+        shot = tmp_path / "report.png"
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    assert errors == []
+    assert broken == 0
+    assert [u for u in requests if not u.startswith("file://")] == []  # nothing off the disk
+    assert decision.strip() == result.decision
+    for stage in ("plan", "pilot", "restore", "scale", "quote"):
+        assert stage in gates
+    assert sections == ["summary", "memory", "steps", "restore", "scaling", "cost", "provenance"]
+    assert svgs >= 4  # memory bars, step histogram, data wait, cost per token
+    assert "useful tokens/s" in steps_text and "measured" in steps_text
+    assert shot.stat().st_size > 10_000
+
+
+def test_demo_runs_end_to_end_without_the_network(tmp_path):
+    """`tunepilot demo` in a network namespace with only loopback (root, as CI is): nothing can
+    be fetched, gloo's 2-rank scaling still works over loopback."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-rn", "true"], capture_output=True
+                                         ).returncode != 0:
+        pytest.skip("no unprivileged/rooted network namespace here (unshare -rn)")
+    exe = Path(sys.executable).with_name("tunepilot")
+    cmd = f"ip link set lo up 2>/dev/null; exec {exe} demo --out {tmp_path / 'demo'} --json"
+    proc = subprocess.run([unshare, "-rn", "sh", "-c", cmd], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    payload = json.loads(proc.stdout)
+    assert payload["ready"], payload["decision"]
+    assert {g["stage"]: g["status"] for g in payload["gates"]} == {
+        "plan": "passed", "pilot": "passed", "restore": "passed", "scale": "passed",
+        "quote": "passed"}
+    assert Path(payload["report_html"]).exists()
