@@ -7,6 +7,7 @@ speed do not depend on weight values, and nothing is ever downloaded.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     import torch
 
 META_KEY = "_tunepilot"
+
+# transformers 5 deprecates the gradient-checkpointing names PEFT still calls; not the user's concern
+warnings.filterwarnings("ignore", category=FutureWarning, message=".*gradient_checkpointing.*")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -184,4 +188,4 @@ def trainable_parameters(model: torch.nn.Module) -> list:
 def output_head(model: torch.nn.Module):
     """(decoder body, lm_head) of a causal LM, through a PEFT wrapper if there is one."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.model, base.lm_head
+    return base.base_model, base.get_output_embeddings()  # .model/.lm_head, .gpt_neox/.embed_out

@@ -95,16 +95,18 @@ def make_scaler(spec: RunSpec, device_type: str):
     return torch.amp.GradScaler(device_type)
 
 
-def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], spec: RunSpec
-                 ) -> torch.Tensor:
-    """Mean next-token cross-entropy over the batch's useful tokens (fp32 upcast, as HF does).
+def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], spec: RunSpec,
+                 num_items: torch.Tensor | float | None = None) -> torch.Tensor:
+    """Next-token cross-entropy (fp32 upcast, as HF does), summed over the batch's useful tokens
+    and divided by `num_items` (default: this batch's useful tokens, i.e. the batch mean).
 
     chunked_loss: lm_head + cross-entropy per CHUNKED_LOSS_TOKENS tokens, each chunk
     checkpointed, so the (tokens, vocab) logits never exist all at once.
     """
     if not spec.chunked_loss:
+        kwargs = {} if num_items is None else {"num_items_in_batch": num_items}
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    labels=batch["labels"])
+                    labels=batch["labels"], **kwargs)
         return out.loss
     body, head = output_head(model)
     hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
@@ -112,7 +114,7 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], spec: R
     labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
-    n = (y != IGNORE_INDEX).sum().clamp(min=1)
+    n = (y != IGNORE_INDEX).sum().clamp(min=1) if num_items is None else num_items
 
     def chunk_loss(hc: torch.Tensor, yc: torch.Tensor) -> torch.Tensor:
         logits = head(hc).float()
@@ -126,6 +128,26 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], spec: R
         sl = slice(start, start + CHUNKED_LOSS_TOKENS)
         total = total + checkpoint(chunk_loss, h[sl], y[sl], use_reentrant=False)
     return total / n
+
+
+def _step_token_count(batches: list[dict[str, torch.Tensor]], dev: torch.device
+                      ) -> tuple[torch.Tensor, int]:
+    """(useful tokens of the whole optimizer step over all ranks, world size).
+
+    Dividing every micro-batch's summed loss by this count makes the step's gradient the mean
+    over the global batch's useful tokens however the samples are grouped into micro-batches and
+    ranks - so 1 rank x 2 accumulation and 2 ranks x 1 compute the same update even when padding
+    differs. DDP/FSDP average gradients over ranks, so each rank's loss is scaled by the world.
+    """
+    import torch.distributed as dist
+
+    n = torch.tensor(float(sum(useful_tokens(b) for b in batches)), device=dev)
+    world = 1
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+        if world > 1:
+            dist.all_reduce(n)
+    return n.clamp(min=1.0), world
 
 
 @dataclass
@@ -189,21 +211,26 @@ def train_step(state: TrainState, next_batch: Callable[[], dict[str, torch.Tenso
                       padded_tokens=0)
     losses = []
     t0 = time.perf_counter()
-    for micro in range(accum):
-        tw = time.perf_counter()
+    batches = []
+    for _ in range(accum):  # the step's micro-batches first: the loss is normalised by all
+        tw = time.perf_counter()  # of their useful tokens (see _step_token_count)
         batch = next_batch()
         stats.data_wait_s += time.perf_counter() - tw
         if fingerprint is not None:
             stats.fingerprints.append(fingerprint(batch))
-        batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
         stats.useful_tokens += useful_tokens(batch)
         stats.padded_tokens += int(batch["input_ids"].numel())
+        batches.append(batch)
+    n_step, world = _step_token_count(batches, dev)
+    num_items = n_step / world
+    for micro, batch in enumerate(batches):
+        batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
         sync_ctx = no_sync() if (no_sync is not None and micro < accum - 1) else \
             contextlib.nullcontext()
         with sync_ctx:
             tf = time.perf_counter()
             with autocast_context(spec, dt):
-                loss = compute_loss(model, batch, spec) / accum
+                loss = compute_loss(model, batch, spec, num_items)
             if split_timing:
                 _sync(dt)
             tb = time.perf_counter()
@@ -232,7 +259,8 @@ def train_step(state: TrainState, next_batch: Callable[[], dict[str, torch.Tenso
     t1 = time.perf_counter()
     stats.optimizer_s = t1 - to
     stats.wall_s = t1 - t0
-    stats.loss = float(torch.stack(losses).sum().float().item())
+    stats.loss = float(torch.stack(losses).sum().float().item())  # this rank's share of the
+    # step's token-mean loss (x world); summed over ranks / world it is the global token mean
     state.step += 1
     state.useful_tokens_seen += stats.useful_tokens
     return stats
