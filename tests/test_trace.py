@@ -1,0 +1,223 @@
+"""The traced memory plan: the storage tracker, fake-vs-real CPU steps, every method, fallbacks.
+
+The central check: the same training step of the tiny model on *real* CPU tensors under the same
+tracker gives the same peak as the fake-tensor trace, byte for byte (in 512-byte CUDA blocks).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from tunepilot.catalog import load_catalog  # noqa: E402
+from tunepilot.memory.analytic import analytic_plan  # noqa: E402
+from tunepilot.memory.plan import resolve_arch, resolve_model_config  # noqa: E402
+from tunepilot.memory.trace import (  # noqa: E402
+    ENV_FORCE_ABORT,
+    make_traced_plan,
+    trace_step,
+    traced_plan_from,
+)
+from tunepilot.memory.tracker import (  # noqa: E402
+    CUDA_BLOCK_BYTES,
+    CudaAutocastRules,
+    StorageTracker,
+    nf4_parts,
+    round_block,
+)
+from tunepilot.spec import spec_from_dict  # noqa: E402
+
+TINY = {"model": {"preset": "tiny"}, "sequence_length": 128, "micro_batch_size": 4,
+        "optimizer": {"name": "adamw", "lr": 1e-3}}
+
+
+def tiny(**over):
+    d = dict(TINY)
+    d.update(over)
+    return spec_from_dict(d)
+
+
+def traced(spec, *, fake=True, stack="cuda"):
+    return trace_step(spec, resolve_model_config(spec), stack, fake=fake)
+
+
+def plan_of(spec, raw, stack="cuda"):
+    return traced_plan_from(spec, raw, analytic_plan(spec, resolve_arch(spec), stack), stack)
+
+
+# ------------------------------------------------------------------------------ the tracker
+
+
+def test_rounding_is_the_cuda_allocators_512_byte_blocks():
+    assert [round_block(n) for n in (0, 1, 511, 512, 513, 4096)] == [0, 512, 512, 512, 1024, 4096]
+
+
+def test_a_storage_is_counted_once_and_released_when_its_last_view_dies():
+    tr = StorageTracker()
+    with tr:
+        a = torch.empty(1000)  # 4000 B -> 4096 B
+        v = a.view(10, 100)[2:]  # a view: the same storage, not counted again
+        b = a + 1
+    assert tr.live_bytes == 2 * 4096 and tr.live_raw_bytes == 2 * 4000
+    del a
+    gc.collect()
+    assert tr.live_bytes == 2 * 4096  # the view keeps the storage alive
+    del v, b
+    gc.collect()
+    assert tr.live_bytes == 0
+
+
+def test_peaks_keep_their_breakdown_when_a_role_is_learned_later():
+    tr = StorageTracker()
+    with tr:
+        w = tr.open_window("w")
+        g = torch.empty(256)  # 1 KiB, unclassified (temporary) at the peak
+        tr.classify(g, "gradients")  # learned after the peak: applied to it
+        tr.close_window(w)
+    assert w.peak_bytes == 1024
+    assert w.by_category["gradients"] == 1024 and w.by_category["temporary"] == 0
+
+
+def test_nf4_parts_match_bitsandbytes_layout():
+    n = 4096 * 4096
+    plain = nf4_parts(n, double_quant=False)
+    assert plain[0] == n // 2 and plain[-1] == 4 * n // 64  # packed codes, fp32 absmax
+    dq = nf4_parts(n, double_quant=True)
+    assert dq[2] == n // 64  # 8-bit absmax
+    assert sum(dq) < sum(plain)
+
+
+def test_cuda_autocast_rules_run_its_float32_ops_in_float32_on_the_cpu():
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    w = torch.ones(8, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.nn.functional.layer_norm(x, (8,), w).dtype == torch.bfloat16  # CPU rule
+        with CudaAutocastRules():
+            assert torch.nn.functional.layer_norm(x, (8,), w).dtype == torch.float32
+            assert (x ** 3).dtype == torch.float32 and x.softmax(-1).dtype == torch.float32
+            assert (x.float() @ x.float().t()).dtype == torch.bfloat16  # 16-bit list unchanged
+
+
+# ------------------------------------------------------------------------------ fake vs real
+
+
+@pytest.mark.parametrize("over", [
+    {"method": {"kind": "full"}, "precision": "fp32"},
+    {"method": {"kind": "lora", "lora_dropout": 0.1}, "precision": "bf16-mixed",
+     "gradient_accumulation_steps": 3},
+    {"method": {"kind": "full"}, "precision": "bf16-mixed", "activation_checkpointing": "full"},
+    {"method": {"kind": "qlora", "lora_targets": "all-linear"}, "precision": "bf16-true",
+     "optimizer": {"name": "paged_adamw_8bit"}},
+], ids=["full-fp32", "lora-mixed-accum", "full-mixed-checkpointed", "qlora-8bit"])
+def test_fake_trace_peak_equals_the_real_cpu_step(over):
+    spec = tiny(**over)
+    fake, real = traced(spec, fake=True), traced(spec, fake=False)
+    assert fake["traced_on"].startswith("fake") and real["traced_on"].startswith("real")
+    assert fake["peak_bytes"] == real["peak_bytes"] > 0  # byte-exact, 512-byte blocks
+    assert fake["peak_bytes"] % CUDA_BLOCK_BYTES == 0
+    assert abs(fake["peak_raw_bytes"] - real["peak_raw_bytes"]) <= CUDA_BLOCK_BYTES
+    assert [p["peak_bytes"] for p in fake["phases"]] == [p["peak_bytes"] for p in real["phases"]]
+
+
+# ------------------------------------------------------------------------------ every method
+
+
+@pytest.mark.parametrize("over,expect", [
+    ({"method": {"kind": "lora", "lora_targets": ["q_proj", "v_proj"]}}, "master_weights"),
+    ({"method": {"kind": "full"}, "precision": "bf16-true"}, "weights"),
+    ({"method": {"kind": "qlora", "double_quant": True}, "precision": "bf16-mixed"}, "NF4"),
+    ({"method": {"kind": "full"}, "activation_checkpointing": "full"}, "master_weights"),
+    ({"method": {"kind": "lora"}, "activation_checkpointing": "selective", "chunked_loss": True,
+      "sequence_length": 1536, "micro_batch_size": 1}, "master_weights"),
+], ids=["lora", "full-bf16-true", "qlora-mixed", "checkpointed", "selective-chunked"])
+def test_every_method_traces_with_a_consistent_breakdown(over, expect):
+    spec = tiny(**over)
+    plan = plan_of(spec, traced(spec))
+    assert plan.fidelity == "trace"
+    d = plan.per_device
+    peak = next(p for p in plan.phases if p.name == plan.peak_phase)
+    assert peak.total_bytes == d["allocated_peak_bytes"] > 0
+    assert d["device_peak_bytes"] > d["reserved_peak_bytes"] > d["allocated_peak_bytes"]
+    assert d["gradients_bytes"] > 0 and d["optimizer_bytes"] > 0
+    if expect == "NF4":
+        assert any("NF4" in a for a in plan.assumptions)
+        # the quantized linears count at ~0.5 B/param (+ absmax, each part in 512-B blocks)
+        assert d["weights_bytes"] < 2 * plan.params.frozen * 0.75
+    else:
+        assert d[f"{expect}_bytes"] > 0
+    assert "sdpa-flash" in plan.trace["attention_path"]
+
+
+def test_accumulation_micro_batches_do_not_raise_the_peak():
+    raw = traced(tiny(method={"kind": "full"}, gradient_accumulation_steps=4))
+    first, second, third = raw["micro_batch_peaks_bytes"]
+    assert second > first  # the gradients of micro-batch 1 are alive through micro-batch 2
+    assert raw["accumulation_peak_stable"] and third - second <= CUDA_BLOCK_BYTES
+
+
+def test_ddp_adds_buckets_and_fsdp_shards_per_rank():
+    base = tiny(method={"kind": "full"}, precision="bf16-mixed")
+    raw = traced(base)
+    single = plan_of(base, raw)
+    ddp = plan_of(base.with_changes(parallel={"strategy": "ddp", "devices": 2}), raw)
+    assert ddp.per_device["collective_buffers_bytes"] == pytest.approx(
+        single.per_device["gradients_bytes"], rel=0.01)
+    fsdp = plan_of(base.with_changes(parallel={"strategy": "fsdp", "devices": 4}), raw)
+    w1, w4 = single.per_device["master_weights_bytes"], fsdp.per_device["master_weights_bytes"]
+    assert w1 / 4 <= w4 <= w1 / 4 * 1.02  # 1/4 per rank plus FSDP2's dim-0 padding
+    assert any("derived from the single-device trace" in a for a in fsdp.assumptions)
+
+
+def test_fsdp_accumulation_without_sync_keeps_unsharded_gradients():
+    spec = tiny(method={"kind": "full"}, gradient_accumulation_steps=2,
+                parallel={"strategy": "fsdp", "devices": 4})
+    raw = traced(spec)
+    plan = plan_of(spec, raw)
+    grads = {p.name: p.gradients_bytes for p in plan.phases}
+    full = max(p["gradients_bytes"] for p in raw["phases"])
+    assert grads["micro 2 forward"] == full  # no reduce-scatter before the last micro-batch
+    assert grads["optimizer-step"] < full / 3  # sharded for the step
+
+
+# ------------------------------------------------------------------------------ the child process
+
+
+def test_an_abort_in_the_child_falls_back_to_the_analytic_plan(monkeypatch):
+    monkeypatch.setenv(ENV_FORCE_ABORT, "1")
+    plan = make_traced_plan(tiny(method={"kind": "full"}), card_ids=["h100"])
+    assert plan.fidelity == "analytic" and plan.trace["status"] == "fallback"
+    assert "SIGABRT" in plan.trace["fallback_reason"]
+    assert plan.assumptions[0].startswith("trace failed")
+    assert plan.cards and plan.cards[0]["card"] == load_catalog().get("h100").id
+
+
+def test_an_error_in_the_child_falls_back_with_the_reason():
+    # bf16 optimizer state on fp32 parameters: tunepilot.training refuses it
+    spec = tiny(method={"kind": "full"}, optimizer={"name": "adamw", "state_dtype": "bf16"})
+    plan = make_traced_plan(spec, card_ids=["h100"])
+    assert plan.fidelity == "analytic"
+    assert "state_dtype" in plan.trace["fallback_reason"]
+
+
+def test_cli_plan_trace_json_gives_a_traced_plan():
+    from typer.testing import CliRunner
+
+    from tunepilot.cli import app
+
+    res = CliRunner().invoke(app, ["plan", "examples/tiny.yaml", "--trace", "--json",
+                                   "--card", "h100"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["fidelity"] == "trace"
+    assert data["trace"]["status"] == "traced"
+    assert data["per_device"]["allocated_peak_bytes"] > 0
+    row = data["cards"][0]
+    card = load_catalog().get("h100")
+    assert row["card"] == card.id and row["capacity_bytes"] == card.capacity_bytes
+    assert row["fits"] and row["max_micro_batch"] > 4
