@@ -1,0 +1,339 @@
+"""The per-rank entry point of the scaling test, started by torchrun:
+
+    python -m torch.distributed.run --nproc-per-node N -m tunepilot.scaling.worker \
+        --spec SPEC.json --strategy ddp --micro-batch 2 --accumulation 1 --global-batch 4 ...
+
+Each rank builds the spec's model (same seed, so the same weights everywhere), wraps it -
+`DistributedDataParallel`, or FSDP2 `fully_shard` per decoder layer then the root with the spec's
+reshard_after_forward, or nothing for the 1-rank baseline - and runs warm-up + measured optimizer
+steps with tunepilot.training.train_step. Its shard of the data comes from tunepilot.data's
+StatefulDistributedSampler, so the ranks together read the single-device order: sample k of
+rank r is sample k*N + r of the baseline. It writes OUT/rank{R}.json and, on local rank 0,
+OUT/all_ranks.json with every rank's record (gathered over the process group, so the first
+node of a multi-node run holds all of them).
+
+Communication time (DDP, on CPU/gloo): a comm hook wraps the default all-reduce and times each
+bucket from the moment DDP hands it over until its all-reduce completes. `comm_inflight_s` sums
+those times (they overlap the backward pass); `comm_exposed_s` is the time from the last bucket
+handed over until the last all-reduce finished: the tail the backward pass could not hide. On
+CUDA the future's callback fires when the kernel is enqueued, not when it ends, so it is not
+reported there; FSDP has no such hook. The runner adds a profiler-free estimate for every
+strategy: step time minus the baseline's time for the same number of micro-batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+
+CRASH_ENV = "TUNEPILOT_TEST_CRASH_RANK"  # test-only fault hooks: that rank fails / hangs
+HANG_ENV = "TUNEPILOT_TEST_HANG_RANK"
+DOES_NOT_FIT_EXIT = 3
+STRATEGIES = ("single", "ddp", "fsdp")
+
+
+def progress(rank: int, phase: str, detail: str = "") -> None:
+    """One progress line (tunepilot.scaling.launch.PROGRESS_RE) in the rank's log."""
+    print(f"[tunepilot rank {rank}] {phase}" + (f" {detail}" if detail else ""), file=sys.stderr,
+          flush=True)
+
+
+def _fault_hooks(rank: int) -> None:
+    if os.environ.get(CRASH_ENV) == str(rank):
+        raise RuntimeError(f"{CRASH_ENV}={rank}: rank {rank} fails on purpose (test fault hook)")
+    if os.environ.get(HANG_ENV) == str(rank):
+        progress(rank, "init", f"hanging on purpose ({HANG_ENV}={rank}, test fault hook)")
+        while True:
+            time.sleep(3600)
+
+
+def sample_fingerprints(batch: dict) -> list[str]:
+    """One fingerprint per sample, of its unpadded ids and labels (tunepilot.data.
+    batch_fingerprint of a one-row batch), so batches cut differently can be compared."""
+    from tunepilot.data import batch_fingerprint
+
+    out = []
+    mask = batch["attention_mask"].bool()
+    for b in range(batch["input_ids"].shape[0]):
+        keep = mask[b]
+        out.append(batch_fingerprint({"input_ids": batch["input_ids"][b, keep][None],
+                                      "labels": batch["labels"][b, keep][None]}))
+    return out
+
+
+def decoder_layers(model) -> list:
+    """The model's decoder layers: the classes transformers will not split (_no_split_modules),
+    else the children of a ModuleList called 'layers'."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    for name, m in model.named_modules():
+        if name.endswith("layers") and isinstance(m, torch.nn.ModuleList):
+            return list(m)
+    return []
+
+
+class CommTimer:
+    """Times the DDP gradient all-reduce of each bucket (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.inflight_s = 0.0
+        self.buckets = 0
+        self.last_start: float | None = None
+        self.last_end: float | None = None
+
+    def exposed_s(self) -> float | None:
+        if self.last_start is None or self.last_end is None:
+            return None
+        return max(0.0, self.last_end - self.last_start)
+
+
+def timed_allreduce_hook(timer: CommTimer, bucket):
+    """DDP's default allreduce_hook (divide by world size, all-reduce), timed."""
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    timer.last_start = t0 if timer.last_start is None else max(timer.last_start, t0)
+    timer.buckets += 1
+    buf = bucket.buffer()
+    buf.div_(dist.get_world_size())
+    fut = dist.all_reduce(buf, async_op=True).get_future()
+
+    def done(f):
+        t1 = time.perf_counter()
+        timer.inflight_s += t1 - t0
+        timer.last_end = t1 if timer.last_end is None else max(timer.last_end, t1)
+        return f.value()[0]
+
+    return fut.then(done)
+
+
+def wrap(model, strategy: str, spec, device, timer: CommTimer | None):
+    """(model, no_sync) for the strategy; no_sync skips gradient sync on all but the last
+    micro-batch of a step (DDP no_sync). FSDP2 reduce-scatters every micro-batch instead:
+    skipping it (set_requires_gradient_sync(False)) keeps the UNSHARDED gradients between
+    micro-batches - the whole model's gradients on every rank, which defeats the sharding (for a
+    70B model in fp32, ~263 GiB per rank) - so tunepilot trades that communication for memory,
+    as the plan assumes."""
+    if strategy == "single":
+        return model, None
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids)
+        if timer is not None:
+            ddp.register_comm_hook(timer, timed_allreduce_hook)
+        return ddp, ddp.no_sync
+    from torch.distributed.fsdp import fully_shard
+
+    reshard = spec.parallel.reshard_after_forward
+    for layer in decoder_layers(model):
+        fully_shard(layer, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
+    return model, None
+
+
+class MemoryWatch:
+    """Peak memory of this rank over the training steps (from after the model is wrapped, so a
+    sharded model's full pre-shard copy is not counted): the caching allocator's peak on CUDA;
+    on the CPU the pilot's RSS sampler (tunepilot.pilot.device.MemorySampler: the kernel's exact
+    VmHWM after a reset, plus samples), and the whole process's peak RSS beside it."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = device
+        self.sampler = None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            import psutil
+
+            from tunepilot.pilot.device import MemorySampler
+
+            proc = psutil.Process()
+            self.sampler = MemorySampler("rss", lambda: proc.memory_info().rss,
+                                         interval_s=0.25).start()
+
+    def stop(self) -> dict:
+        import torch
+
+        from tunepilot.figures import measured
+
+        if self.device.type == "cuda":
+            return {"peak_bytes": measured(int(torch.cuda.max_memory_allocated(self.device)),
+                                           "bytes", what="torch.cuda.max_memory_allocated over "
+                                           "the training steps"),
+                    "reserved_peak_bytes": measured(
+                        int(torch.cuda.max_memory_reserved(self.device)), "bytes",
+                        what="torch.cuda.max_memory_reserved")}
+        reading = self.sampler.stop()
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        what = ("peak RSS over the training steps (VmHWM after a reset)" if reading.hwm_bytes
+                else "peak RSS over the training steps (sampled every 0.25 s)")
+        return {"peak_bytes": measured(int(reading.peak_bytes), "bytes", what=what),
+                "before_training_bytes": measured(int(reading.baseline_bytes), "bytes",
+                                                  what="RSS after the model was built and "
+                                                  "wrapped"),
+                "process_peak_bytes": measured(int(rss), "bytes",
+                                               what="whole-process peak RSS (ru_maxrss)")}
+
+
+def run(a: argparse.Namespace) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    progress(rank, "start", f"pid {os.getpid()} strategy {a.strategy}")
+    if a.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(a.threads)
+        dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    progress(rank, "init", f"world {world} backend {dist.get_backend()}")
+    _fault_hooks(rank)
+    if a.micro_batch * a.accumulation * world != a.global_batch:
+        raise SystemExit(f"rank {rank}: micro-batch {a.micro_batch} x accumulation "
+                         f"{a.accumulation} x {world} ranks != global batch {a.global_batch}")
+
+    from tunepilot.data import DataStream, build_dataset, make_loader
+    from tunepilot.models import build_model
+    from tunepilot.spec import spec_from_dict
+    from tunepilot.training import make_state, train_step
+
+    spec = spec_from_dict(json.loads(Path(a.spec).read_text()), source=a.spec)
+    base_dir = Path(a.base_dir) if a.base_dir else None
+    progress(rank, "model")
+    model = build_model(spec, device, base_dir=base_dir)
+    ds, info = build_dataset(spec, model.config.vocab_size, base_dir)
+    loader = make_loader(spec, ds, info, micro_batch_size=a.micro_batch, rank=rank,
+                         world_size=world, seed=spec.seed)
+    stream = DataStream(loader)
+    timer = CommTimer() if (a.strategy == "ddp" and device.type == "cpu") else None
+    progress(rank, "wrap", a.strategy)
+    model, no_sync = wrap(model, a.strategy, spec, device, timer)
+    params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                       for p in model.parameters())
+    total = a.warmup_steps + a.steps
+    state = make_state(spec, model, total)
+    watch = MemoryWatch(device)
+
+    samples: list[str] = []
+
+    def next_batch():
+        b = stream.next()
+        samples.extend(sample_fingerprints(b))
+        return b
+
+    steps = []
+    for i in range(total):
+        progress(rank, "train", f"step {i + 1}/{total}")
+        if timer is not None:
+            timer.reset()
+        samples.clear()
+        st = train_step(state, next_batch, spec, accumulation=a.accumulation, no_sync=no_sync)
+        loss = torch.tensor([st.loss], dtype=torch.float64, device=device)
+        if world > 1:
+            dist.all_reduce(loss)  # SUM (gloo has no AVG): the global mean is sum / world
+        steps.append({"step": i, "measured": i >= a.warmup_steps, "loss_local": st.loss,
+                      "loss_global": float(loss.item()) / world, "wall_s": st.wall_s,
+                      "useful_tokens": st.useful_tokens, "padded_tokens": st.padded_tokens,
+                      "data_wait_s": st.data_wait_s, "forward_s": st.forward_s,
+                      "backward_s": st.backward_s, "optimizer_s": st.optimizer_s,
+                      "comm_inflight_s": timer.inflight_s if timer else None,
+                      "comm_exposed_s": timer.exposed_s() if timer else None,
+                      "comm_buckets": timer.buckets if timer else None,
+                      "samples": list(samples)})
+    progress(rank, "report")
+    memory = watch.stop()
+    record = {"rank": rank, "local_rank": local_rank, "world_size": world,
+              "host": socket.gethostname(), "pid": os.getpid(), "strategy": a.strategy,
+              "device": str(device), "backend": dist.get_backend(),
+              "threads": torch.get_num_threads(), "cpu_affinity": sorted(os.sched_getaffinity(0)),
+              "micro_batch_size": a.micro_batch, "accumulation": a.accumulation,
+              "global_batch_samples": a.global_batch, "warmup_steps": a.warmup_steps,
+              "reshard_after_forward": spec.parallel.reshard_after_forward
+              if a.strategy == "fsdp" else None,
+              "params_local": int(params_local), "memory": memory,
+              "comm_measure": ("ddp comm hook (see tunepilot.scaling.worker)" if timer else
+                               "not measured directly on this strategy/device"),
+              "status": "ok", "steps": steps}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from tunepilot.store import write_json
+
+    write_json(out / f"rank{rank}.json", record)
+    gathered: list = [None] * world
+    if world > 1:
+        dist.all_gather_object(gathered, record)
+    else:
+        gathered = [record]
+    if local_rank == 0:
+        write_json(out / "all_ranks.json", {"world_size": world, "ranks": gathered})
+    dist.destroy_process_group()
+    progress(rank, "done")
+    return record
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tunepilot.scaling.worker")
+    p.add_argument("--spec", required=True, help="the run spec as JSON (written by the runner)")
+    p.add_argument("--base-dir", default=None, help="directory relative data paths start from")
+    p.add_argument("--strategy", choices=STRATEGIES, required=True)
+    p.add_argument("--micro-batch", type=int, required=True)
+    p.add_argument("--accumulation", type=int, required=True)
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--warmup-steps", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    a = parse_args(argv)
+
+    @record
+    def _main() -> None:
+        import torch
+
+        try:
+            run(a)
+        except torch.OutOfMemoryError as exc:
+            rank = int(os.environ.get("RANK", "0"))
+            from tunepilot.store import write_json
+
+            write_json(Path(a.out) / f"rank{rank}.json",
+                       {"rank": rank, "strategy": a.strategy, "status": "does_not_fit",
+                        "error": str(exc).splitlines()[0]})
+            progress(rank, "report", "out of memory")
+            sys.exit(DOES_NOT_FIT_EXIT)
+
+    _main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
