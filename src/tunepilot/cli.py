@@ -518,11 +518,138 @@ def export(
     render_export(result.to_dict(), str(Path(run_dir) / "export.json"))
 
 
+# --- the staged pilot end to end (tunepilot.pipeline) and its report (tunepilot.report) -----------
+
+
+@app.command()
+def run(
+    spec: SpecArg,
+    card: Annotated[str | None, typer.Option("--card", help="Quote this card (with --count and "
+                                             "--hours); default: compare every card.")] = None,
+    count: Annotated[int | None, typer.Option("--count", help="Cards in the term.", min=1)] = None,
+    hours: Annotated[float | None, typer.Option("--hours", help="Term length in hours.")] = None,
+    nproc: Annotated[int | None, typer.Option(
+        "--nproc", help="Ranks for the scaling stage (default: the GPUs here; skipped with one)."
+    )] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Run directory (default runs/<spec name>-<spec hash[:8]>).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Re-run stages already completed.")
+                     ] = False,
+    memory_limit: Annotated[str | None, typer.Option(
+        "--memory-limit", help="Simulate a device with this much tensor memory (e.g. 2GiB).")
+    ] = None,
+    no_trace: Annotated[bool, typer.Option("--no-trace", help="Analytic plan only.")] = False,
+    catalog: CatalogOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The staged pilot: plan, pilot, restore proof, scaling, quote - each a gate for the next -
+    then the decision and the HTML report. A failed gate stops with its reason (exit 1).
+    Re-running the same spec reuses completed stages unless --force.
+
+    Example: tunepilot run examples/tiny.yaml --nproc 2 --out runs/tiny
+    """
+    from tunepilot.catalog import load_catalog
+    from tunepilot.pilot.runner import default_run_dir
+    from tunepilot.spec import load_spec
+
+    run_spec = load_spec(spec)
+    if (card, count, hours).count(None) not in (0, 3):
+        raise UserError("--card", "give --card, --count and --hours together, or none of them "
+                        "(then every card is compared).")
+    mem = None
+    if memory_limit:
+        from tunepilot.pilot.memtrack import parse_bytes
+
+        mem = parse_bytes(memory_limit)
+    from tunepilot.pipeline import RunOptions
+
+    opts = RunOptions(card=card, count=count, hours=hours, nproc=nproc, force=force,
+                      memory_limit_bytes=mem, trace=not no_trace, base_dir=spec.parent,
+                      catalog=load_catalog(catalog))
+    _run_and_report(run_spec, out or default_run_dir(run_spec), opts, as_json)
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="Run directory.")] = Path("runs/demo"),
+    as_json: JsonOpt = False,
+) -> None:
+    """The whole staged pilot on this CPU with the shipped tiny model, text set and tokenizer:
+    no arguments, no files, no GPU, nothing downloaded; 2-rank gloo scaling included. Writes
+    RUN_DIR/report.html. Runs again from scratch each time (--force).
+
+    Example: tunepilot demo --out runs/demo
+    """
+    from importlib.resources import files
+
+    import yaml
+
+    from tunepilot.pipeline import RunOptions
+    from tunepilot.spec import spec_from_dict
+
+    run_spec = spec_from_dict(yaml.safe_load(files("tunepilot").joinpath("data/demo.yaml")
+                                             .read_text()), source="demo.yaml")
+    opts = RunOptions(nproc=2, force=True, pilot_max_steps=20, scale_steps=3)
+    _run_and_report(run_spec, out, opts, as_json)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (from run, demo or pilot).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Write RUN_DIR/report.html (self-contained: inline CSS and SVG, no network at view time)
+    and RUN_DIR/report.md (a summary to paste into a PR or ticket).
+
+    Example: tunepilot report runs/demo
+    """
+    from tunepilot.report.html import build_report
+
+    html, md = build_report(run_dir)
+    if as_json:
+        emit_json({"report_html": str(html), "report_md": str(md)})
+    else:
+        sys.stdout.write(f"report: {html}\nsummary: {md}\n")
+
+
+def _run_and_report(run_spec, out: Path, opts, as_json: bool) -> None:
+    import time
+
+    from tunepilot.pipeline import GateFailed, run_pipeline
+    from tunepilot.report.html import build_report
+
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        sys.stderr.write(f"[{time.perf_counter() - t0:6.1f} s] {msg}\n")
+        sys.stderr.flush()
+
+    try:
+        result = run_pipeline(run_spec, out, opts, say=say)
+        failed = None
+    except GateFailed as exc:
+        result, failed = exc.result, exc
+    html, _ = build_report(out)
+    if as_json:
+        emit_json(dict(result.to_dict(), report_html=str(html)))
+    else:
+        from tunepilot.render import render_decision
+
+        render_decision(result, html)
+    if failed is not None:
+        raise typer.Exit(code=1)
+
+
 def main() -> None:
     """Console-script entry point: user errors exit 2 with one paragraph, never a traceback.
 
     Usage errors (unknown option, missing argument) are click's: exit 2 with the usage line.
     """
+    import os
+
+    # tunepilot never downloads: models come from shipped configs, data and tokenizers from disk
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         app()
     except UserError as exc:
