@@ -19,7 +19,7 @@ $(BIN)/tunepilot: pyproject.toml
 venv: $(BIN)/tunepilot
 
 demo: venv
-	$(BIN)/tunepilot plan examples/llama3-8b-lora.yaml
+	$(BIN)/tunepilot demo
 
 # Headless Chromium for the report's browser test (Debian package; needs root, as CI has).
 browser:

@@ -181,9 +181,9 @@ def test_cheapest_covering_term_can_be_a_discounted_longer_one():
 
 
 def test_a_card_the_run_does_not_fit_is_refused_with_the_reason():
-    no_ckpt = LORA_8B.with_changes(activation_checkpointing="none")  # ~84 GiB of activations
-    with pytest.raises(UserError, match="does not fit h100-sxm-80gb") as err:
-        quote(no_ckpt, card_id="h100", count=1, term_s=H)
+    full_8b = load_spec(EXAMPLES / "llama3-8b-full.yaml")  # 16 B/param of model states
+    with pytest.raises(UserError, match="does not fit 1 x h100-sxm-80gb") as err:
+        quote(full_8b, card_id="h100", count=1, term_s=H)
     assert "GiB" in err.value.message
 
 
