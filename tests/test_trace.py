@@ -174,15 +174,16 @@ def test_ddp_adds_buckets_and_fsdp_shards_per_rank():
     assert any("derived from the single-device trace" in a for a in fsdp.assumptions)
 
 
-def test_fsdp_accumulation_without_sync_keeps_unsharded_gradients():
+def test_fsdp_accumulation_keeps_gradients_sharded():
+    # the scaling worker reduce-scatters every micro-batch, so no phase holds full gradients
     spec = tiny(method={"kind": "full"}, gradient_accumulation_steps=2,
                 parallel={"strategy": "fsdp", "devices": 4})
     raw = traced(spec)
     plan = plan_of(spec, raw)
     grads = {p.name: p.gradients_bytes for p in plan.phases}
     full = max(p["gradients_bytes"] for p in raw["phases"])
-    assert grads["micro 2 forward"] == full  # no reduce-scatter before the last micro-batch
-    assert grads["optimizer-step"] < full / 3  # sharded for the step
+    assert grads["micro 2 forward"] < full / 3
+    assert grads["optimizer-step"] < full / 3
 
 
 # ------------------------------------------------------------------------------ the child process

@@ -13,7 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from tunepilot.catalog import Catalog, load_catalog
-from tunepilot.errors import TunepilotError
+from tunepilot.errors import TunepilotError, UserError
 from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir
 
@@ -160,8 +160,15 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
             from tunepilot.scaling.runner import scale as run_scale
 
             say(f"scale: torchrun, 1 rank vs {nproc} ranks, DDP and FSDP, same global batch")
-            scale = run_scale(spec, nproc, ("ddp", "fsdp"), out=run.path, steps=o.scale_steps,
-                              base_dir=o.base_dir, catalog=catalog, progress=say).to_dict()
+            try:
+                scale = run_scale(spec, nproc, ("ddp", "fsdp"), out=run.path,
+                                  steps=o.scale_steps, base_dir=o.base_dir, catalog=catalog,
+                                  progress=say).to_dict()
+            except TunepilotError as exc:  # a crashed or hung rank (UserErrors pass through)
+                if isinstance(exc, UserError):
+                    raise
+                result.gates.append(Gate("scale", "failed", str(exc).splitlines()[0]))
+                stop("scale", str(exc).splitlines()[0])
         rec = scale.get("recommendation", {})
         effs = ", ".join(
             f"{k} {v['efficiency']:.0%}" if v.get("efficiency") is not None

@@ -411,29 +411,10 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
         notes.append(f"gradient accumulation ({spec.gradient_accumulation_steps} micro-batches): "
                      "gradients of earlier micro-batches stay alive through later forwards")
     peak = max(phases, key=lambda p: p.total_bytes)
-    allocated = peak.total_bytes
-
-    # -- outside the tensors ----------------------------------------------------------------
-    rt = runtime_constants()
-    slack = rt["allocator"]["reserve_slack_fraction"]
-    reserved = int(allocated * (1 + slack))
-    st = rt["stacks"].get(stack, rt["stacks"]["cuda"])
-    overhead = st["context_bytes"] + st["library_workspace_bytes"]
-    if N > 1:
-        overhead += st["collective_bytes_per_rank_group"]
-    per_device = {
-        "weights_bytes": max(p.weights_bytes for p in phases),
-        "gradients_bytes": max(p.gradients_bytes for p in phases),
-        "optimizer_bytes": max(p.optimizer_bytes for p in phases),
-        "master_weights_bytes": max(p.master_weights_bytes for p in phases),
-        "activations_bytes": max(p.activations_bytes for p in phases),
-        "temporary_bytes": max(p.temporary_bytes for p in phases),
-        "collective_buffers_bytes": buckets,
-        "allocated_peak_bytes": allocated,
-        "reserved_peak_bytes": reserved,
-        "runtime_overhead_bytes": overhead,
-        "device_peak_bytes": reserved + overhead,
-    }
+    per_device = per_device_figures(phases, buckets, stack, N)
+    allocated = per_device["allocated_peak_bytes"]
+    slack = runtime_constants()["allocator"]["reserve_slack_fraction"]
+    overhead = per_device["runtime_overhead_bytes"]
     load_peak = _load_peak(spec, counts.total, frozen_bytes, trainable_bytes, largest_weight, shard)
     per_device["load_peak_bytes"] = load_peak
     if load_peak > allocated:
@@ -456,6 +437,33 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
         bytes_per_param=bpp, tokens_per_micro_batch=tokens,
         tokens_per_optimizer_step=tokens * spec.gradient_accumulation_steps * N,
         world_size=N, strategy=strategy, stack=stack, assumptions=notes)
+
+
+def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size: int) -> dict:
+    """The per_device block shared by the analytic and the traced plan: each component's largest
+    size over the timeline, the allocated peak (the largest phase), the allocator's reserve
+    (runtime.yaml slack) and the runtime outside the allocator (context, workspaces, and the
+    collective library's buffers when world_size > 1)."""
+    rt = runtime_constants()
+    allocated = max(p.total_bytes for p in phases)
+    reserved = int(allocated * (1 + rt["allocator"]["reserve_slack_fraction"]))
+    st = rt["stacks"].get(stack, rt["stacks"]["cuda"])
+    overhead = st["context_bytes"] + st["library_workspace_bytes"]
+    if world_size > 1:
+        overhead += st["collective_bytes_per_rank_group"]
+    return {
+        "weights_bytes": max(p.weights_bytes for p in phases),
+        "gradients_bytes": max(p.gradients_bytes for p in phases),
+        "optimizer_bytes": max(p.optimizer_bytes for p in phases),
+        "master_weights_bytes": max(p.master_weights_bytes for p in phases),
+        "activations_bytes": max(p.activations_bytes for p in phases),
+        "temporary_bytes": max(p.temporary_bytes for p in phases),
+        "collective_buffers_bytes": buckets,
+        "allocated_peak_bytes": allocated,
+        "reserved_peak_bytes": reserved,
+        "runtime_overhead_bytes": overhead,
+        "device_peak_bytes": reserved + overhead,
+    }
 
 
 def _load_peak(spec: RunSpec, total: int, frozen_bytes: int, trainable_bytes: int,

@@ -49,6 +49,7 @@ from tunepilot.memory.analytic import (
     ParamSplit,
     Phase,
     analytic_plan,
+    per_device_figures,
     runtime_constants,
 )
 from tunepilot.memory.fit import DEFAULT_HEADROOM, fit_card
@@ -202,27 +203,11 @@ def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str)
     phases = [Phase(p["name"], p["weights"], p["master_weights"], p["gradients"], p["optimizer"],
                     p["activations"], p["temporary"], buckets) for p in phases_in]
     peak = max(phases, key=lambda p: p.total_bytes)
-    allocated = peak.total_bytes
-    rt = runtime_constants()
-    slack = rt["allocator"]["reserve_slack_fraction"]
-    st = rt["stacks"].get(stack, rt["stacks"]["cuda"])
-    overhead = st["context_bytes"] + st["library_workspace_bytes"]
-    if N > 1:
-        overhead += st["collective_bytes_per_rank_group"]
-    per_device = {
-        "weights_bytes": max(p.weights_bytes for p in phases),
-        "gradients_bytes": max(p.gradients_bytes for p in phases),
-        "optimizer_bytes": max(p.optimizer_bytes for p in phases),
-        "master_weights_bytes": max(p.master_weights_bytes for p in phases),
-        "activations_bytes": max(p.activations_bytes for p in phases),
-        "temporary_bytes": max(p.temporary_bytes for p in phases),
-        "collective_buffers_bytes": buckets,
-        "allocated_peak_bytes": allocated,
-        "reserved_peak_bytes": int(allocated * (1 + slack)),
-        "runtime_overhead_bytes": overhead,
-        "device_peak_bytes": int(allocated * (1 + slack)) + overhead,
-        "load_peak_bytes": analytic.per_device["load_peak_bytes"],
-    }
+    per_device = per_device_figures(phases, buckets, stack, N)
+    per_device["load_peak_bytes"] = analytic.per_device["load_peak_bytes"]
+    allocated = per_device["allocated_peak_bytes"]
+    slack = runtime_constants()["allocator"]["reserve_slack_fraction"]
+    overhead = per_device["runtime_overhead_bytes"]
     peak_name = peak.name
     load_peak = per_device["load_peak_bytes"]
     if load_peak > allocated:
@@ -272,9 +257,9 @@ def _derive_fsdp(spec: RunSpec, raw: dict, phases: list[dict]) -> tuple[list[dic
     resizing storages in place (UntypedStorage.resize_), which no dispatch mode sees, so a trace
     of fully_shard would under-count exactly the memory FSDP adds. Instead, per phase:
       parameters, gradients  each tensor sharded on dim 0, padded as FSDP2 pads it
-                             (ceil(dim0 / N) rows per rank), from the traced shapes;
-                             With gradient accumulation the micro-batches before the last
-                             keep unsharded gradients (no sync), as the full traced figure;
+                             (ceil(dim0 / N) rows per rank), from the traced shapes (the
+                             scaling worker reduce-scatters every micro-batch, so gradients
+                             stay sharded through accumulation);
       optimizer state        scaled like the trainable parameters it shadows;
       activations            per rank as traced (the micro-batch does not shrink), except
                              autocast's 16-bit weight copies (saved, or held by autocast's cast
@@ -316,17 +301,13 @@ def _derive_fsdp(spec: RunSpec, raw: dict, phases: list[dict]) -> tuple[list[dic
     else:
         unsharded = cb * m["total_base_numel"]
         what = "all layers (reshard_after_forward: false)"
-    # tunepilot.scaling.worker skips the gradient sync on all but the last micro-batch
-    # (set_requires_gradient_sync(False)): FSDP2 then accumulates *unsharded* gradients.
-    unsharded_grads = spec.gradient_accumulation_steps > 1
     out = []
     for p in phases:
         q = dict(p)
         opt_phase = p["name"].startswith("optimizer")
         q["weights"] = int(p["weights"] * sh_w / full_w) if full_w else 0
         q["master_weights"] = int(p["master_weights"] * sh_mw / full_mw) if full_mw else 0
-        q["gradients"] = p["gradients"] if unsharded_grads and not opt_phase else int(
-            p["gradients"] * tr_ratio)
+        q["gradients"] = int(p["gradients"] * tr_ratio)
         q["optimizer"] = int(p["optimizer"] * tr_ratio)
         ca, ct = p["cast_act"], p["cast_tmp"]
         q["activations"] = p["activations"] - ca + ca // N
@@ -340,11 +321,6 @@ def _derive_fsdp(spec: RunSpec, raw: dict, phases: list[dict]) -> tuple[list[dic
              "place, which a dispatch-mode tracker cannot see); parameters, gradients and "
              f"optimizer state sharded 1/{N} per tensor with FSDP2's dim-0 padding; unsharded "
              f"{what} in the compute dtype"]
-    if unsharded_grads:
-        notes.append("FSDP2 gradient accumulation without sync (set_requires_gradient_sync("
-                     "False) on all but the last micro-batch, as tunepilot.scaling runs it) keeps "
-                     "unsharded gradients: every rank holds the full gradients between "
-                     "micro-batches")
     return out, notes
 
 
