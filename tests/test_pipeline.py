@@ -44,6 +44,18 @@ def test_every_gate_passes_and_the_decision_names_a_card(tiny_run):
         assert (out / f"{name}.json").exists(), name
 
 
+def test_the_quote_uses_the_pilots_measured_timings(tiny_run):
+    _, out, result, _ = tiny_run
+    pilot = json.loads((out / "pilot.json").read_text())
+    terms = {t["name"]: t for t in result.quote["time_terms"]}
+    # a CPU pilot: its machine-bound timings are carried to the card (marked projected there)
+    assert terms["model load"]["each"]["value"] == pytest.approx(
+        pilot["timings"]["model_load_s"]["value"])
+    assert terms["set-up"]["each"]["value"] == pytest.approx(pilot["timings"]["setup_s"]["value"])
+    restore = json.loads((out / "restore.json").read_text())
+    assert restore["passed"] and result.quote["run_dir"] is not None
+
+
 def test_rerun_reuses_completed_stages(tiny_run):
     spec, out, first, _ = tiny_run
     said: list[str] = []
