@@ -96,7 +96,8 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
     plan = reuse("plan")
     reused = plan is not None
     if plan is None:
-        say("plan: tracing the training step on fake tensors (falls back to analytic)")
+        say("plan: tracing the training step on fake tensors (falls back to analytic)"
+            if o.trace else "plan: analytic")
         plan = _plan(spec, catalog, o)
         run.write_stage("plan", plan, h)
     fitting = [c["card"] for c in plan["cards"] if c["fits"]]
