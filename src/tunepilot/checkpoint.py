@@ -307,6 +307,7 @@ def _write_components(tmp: Path, state: TrainState, stream: DataStream, spec: Ru
     """Write each component's files into `tmp`: (component -> files (relative paths), the
     SHA-256 and size of the files whose hash was computed while they were written)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     msd, osd = model_and_optimizer_state(state, spec)
     components: dict[str, list[str]] = {}
@@ -318,8 +319,14 @@ def _write_components(tmp: Path, state: TrainState, stream: DataStream, spec: Ru
             writer = HashingRawWriter(tmp / name, thread_count=HASH_THREADS)
         else:
             writer = dcp.FileSystemWriter(tmp / name, sync_files=True, thread_count=HASH_THREADS)
-        with _quiet_dcp():
-            dcp.save(sd, storage_writer=writer, no_dist=True)
+        try:
+            with _quiet_dcp():
+                dcp.save(sd, storage_writer=writer, no_dist=True)
+        except (Exception, CheckpointException) as exc:  # DCP wraps OSError (disk full) in a
+            # CheckpointException, which derives from BaseException, not Exception
+            raise CheckpointError(f"writing the {name} state to {str(tmp)!r} failed: "
+                                  f"{_first_line(exc)}. The previous checkpoint is untouched.",
+                                  component=name, file=name) from None
         for file, digest in getattr(writer, "file_digests", {}).items():
             known[f"{name}/{file}"] = digest
         components[name] = sorted(str(p.relative_to(tmp)) for p in (tmp / name).rglob("*")
@@ -346,6 +353,7 @@ def _write_components(tmp: Path, state: TrainState, stream: DataStream, spec: Ru
 
 def _load_model_and_optimizer(path: Path, state: TrainState, manifest: dict) -> None:
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     lora = manifest["model"]["kind"] == "lora"
@@ -365,7 +373,8 @@ def _load_model_and_optimizer(path: Path, state: TrainState, manifest: dict) -> 
         try:
             with _quiet_dcp():
                 dcp.load(sd, storage_reader=reader, no_dist=True)
-        except Exception as exc:  # DCP raises many kinds; all mean "this state does not fit"
+        except (Exception, CheckpointException) as exc:  # DCP raises many kinds (its own
+            # CheckpointException is a BaseException); all mean "this state does not fit"
             raise CheckpointError(f"the {name} state in {str(path)!r} does not fit this run's "
                                   f"{name}: {_first_line(exc)}. Load it with the spec it was "
                                   "written for.", component=name, file=name) from None

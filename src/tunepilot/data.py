@@ -134,6 +134,9 @@ def _tokenize_jsonl(spec: RunSpec, path: Path, tok_dir: Path, vocab_size: int
     S = spec.sequence_length
     truncated = sum(1 for s in ids if len(s) > S)
     samples = [s[:S] for s in ids if s]
+    if not samples:
+        raise UserError("data.path", f"every sample of {path.name} tokenizes to nothing.",
+                        f"Check data.text_field ({spec.data.text_field!r}) names the text.")
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     info = DataInfo(spec.data.source, len(samples), vocab_size, int(pad), path=str(path),
                     size_bytes=len(raw), content_sha256=hashlib.sha256(raw).hexdigest(),
@@ -202,7 +205,14 @@ class DataStream:
         except StopIteration:
             self.epoch += 1
             self._it = None
-            return self.next()
+        self.loader.sampler.set_epoch(self.epoch)
+        self._it = iter(self.loader)
+        try:  # a fresh epoch that yields nothing would loop forever
+            return next(self._it)
+        except StopIteration:
+            raise UserError("micro_batch_size", f"an epoch of {len(self.loader.dataset)} "
+                            "samples yields no full micro-batch on this rank (drop_last).",
+                            "Use a smaller micro_batch_size, fewer ranks, or more data.") from None
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "loader": self.loader.state_dict()}

@@ -81,7 +81,7 @@ def parse_start(text: str, now: datetime) -> int:
     _check_aware(now)
     raw = text.strip()
     if raw.lower() == "now":
-        return int(now.timestamp())
+        return _ts(now)
     fixed = raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
     try:
         when = datetime.fromisoformat(fixed)
@@ -92,14 +92,21 @@ def parse_start(text: str, now: datetime) -> int:
         raise UserError("start", f"{text!r} has no UTC offset; times are UTC and must say so.",
                         f"Write {raw}Z (UTC) or add an offset such as +01:00.")
     ts = int(when.timestamp())
-    if ts < int(now.timestamp()):
-        raise UserError("start", f"{_iso(ts)} is in the past (now is {_iso(int(now.timestamp()))}).",
+    if ts < _ts(now):
+        raise UserError("start", f"{_iso(ts)} is in the past (now is {_iso(_ts(now))}).",
                         "Give a start from now on, or --start now.")
     return ts
 
 
+def _ts(now: datetime) -> int:
+    """Whole UTC seconds of an aware clock reading."""
+    _check_aware(now)
+    return int(now.timestamp())
+
+
 def _check_aware(now: datetime) -> None:
-    assert now.tzinfo is not None, "ledger clocks are timezone-aware UTC"
+    if now.tzinfo is None:  # a library caller's bug, not user input: never read it as local time
+        raise ValueError("ledger clocks must be timezone-aware (UTC)")
 
 
 # --- schema ------------------------------------------------------------------------------------
@@ -293,9 +300,18 @@ class Ledger:
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE: take the write lock first, so check-then-insert cannot interleave."""
-        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise UserError("--db", f"the ledger database cannot be written: {exc}.",
+                            "Check the file's permissions and free disk, or close the process "
+                            "that holds it.") from None
         try:
             yield self.conn
+        except sqlite3.Error as exc:
+            self.conn.execute("ROLLBACK")
+            raise UserError("--db", f"the ledger database refused the change: {exc}; nothing "
+                            "was written.", "Check the file's permissions and free disk.") from None
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
@@ -332,7 +348,7 @@ class Ledger:
         term = body["term"]
         with self._tx() as db:
             db.execute("INSERT INTO quotes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (quote_id, _iso(int(now.timestamp())), body["spec_hash"], body["card_id"],
+                       (quote_id, _iso(_ts(now)), body["spec_hash"], body["card_id"],
                         body["count"], term["term_s"], term["total_cents"],
                         json.dumps(body, default=str)))
         return quote_id
@@ -351,7 +367,7 @@ class Ledger:
         """Allocate ``count`` x ``card`` for [start, start + term_s) or raise CapacityError."""
         end_ts = start_ts + term_s
         inventory = card.inventory.count
-        stamp = _iso(int(now.timestamp()))
+        stamp = _iso(_ts(now))
         with self._tx() as db:
             rows = db.execute("SELECT start_ts, end_ts, count FROM bookings WHERE card_id = ? AND "
                               "status = ? AND end_ts > ?", (card.id, BOOKED, start_ts)).fetchall()
@@ -408,7 +424,7 @@ class Ledger:
 
     def cancel(self, booking_id: int, now: datetime) -> Cancellation:
         """Cancel per the booking's policy; the refund is a negative line on its invoice."""
-        now_ts = int(now.timestamp())
+        now_ts = _ts(now)
         with self._tx() as db:
             row = db.execute("SELECT status, start_ts, cancellation_policy FROM bookings WHERE "
                              "id = ?", (booking_id,)).fetchone()
@@ -448,7 +464,7 @@ class Ledger:
         with self._tx() as db:
             db.execute("INSERT INTO usage VALUES (?, ?, ?) ON CONFLICT (booking_id) DO UPDATE SET "
                        "hours_used = excluded.hours_used, recorded_at = excluded.recorded_at",
-                       (booking_id, str(hours_used), _iso(int(now.timestamp()))))
+                       (booking_id, str(hours_used), _iso(_ts(now))))
         return self.usage(booking_id)
 
     def usage(self, booking_id: int) -> Usage:

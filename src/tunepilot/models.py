@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tunepilot.arch import META_KEY
 from tunepilot.errors import UserError
 from tunepilot.memory.plan import resolve_model_config
 from tunepilot.spec import RunSpec
@@ -19,7 +20,6 @@ from tunepilot.spec import RunSpec
 if TYPE_CHECKING:
     import torch
 
-META_KEY = "_tunepilot"
 
 # transformers 5 deprecates the gradient-checkpointing names PEFT still calls; not the user's concern
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*gradient_checkpointing.*")
@@ -71,6 +71,8 @@ def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: 
     torch.manual_seed(spec.seed)
     if spec.model.weights != "random":
         path = Path(spec.model.weights)
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
         if not (path / "config.json").exists():
             raise UserError("model.weights", f"{str(path)!r} is not a local Hugging Face "
                             "checkpoint directory (no config.json).",
@@ -152,6 +154,11 @@ def _build_qlora(spec: RunSpec, device, base_dir, config) -> torch.nn.Module:
                         "you intend to rent, or use kind: lora for a CPU pilot.")
     import bitsandbytes as bnb
     from transformers import AutoModelForCausalLM
+
+    if spec.model.weights != "random":
+        raise UserError("model.weights", "the QLoRA pilot quantizes a randomly initialised base "
+                        "(memory and speed do not depend on the values); it does not load "
+                        "checkpoints.", "Set model.weights: random for the pilot.")
 
     hf = hf_config(spec, base_dir, config)
     torch.manual_seed(spec.seed)

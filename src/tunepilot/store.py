@@ -21,7 +21,6 @@ from typing import Any
 from tunepilot.errors import UserError
 
 MANIFEST = "manifest.json"
-STAGES = ("plan", "pilot", "restore", "scale", "quote", "export")
 
 
 def utc_now() -> str:
@@ -58,6 +57,9 @@ def read_json(path: Path) -> Any:
     except json.JSONDecodeError as exc:
         raise UserError(None, f"{str(path)!r} is not valid JSON ({exc.msg}).",
                         "It may be from an interrupted run; re-run that stage.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(None, f"cannot read {str(path)!r}: {exc}.",
+                        "Check the path and its permissions.") from None
 
 
 class RunDir:

@@ -60,7 +60,8 @@ def load_calibration(run_dir: Path | str) -> Calibration:
         raise UserError("--calibrate", f"{str(rd.path)!r} has no pilot.json.",
                         "Run `tunepilot pilot SPEC --out RUN_DIR` first.")
     cal = rd.read("pilot").get("calibration")
-    if not cal or not cal.get("ratios"):
+    if not isinstance(cal, dict) or not isinstance(cal.get("ratios"), dict) or \
+            "stack" not in cal:
         raise UserError("--calibrate", f"the pilot in {str(rd.path)!r} holds no calibration "
                         "data (it did not fit, so no step was measured).",
                         "Use the run directory of a pilot that fitted.")

@@ -12,9 +12,13 @@ import json
 from html import escape
 from pathlib import Path
 
+from tunepilot.catalog import cents_to_usd
+from tunepilot.figures import value_of
+from tunepilot.memory.fit import DEFAULT_HEADROOM
+from tunepilot.render import GIB, gib
 from tunepilot.report import svg
 
-GIB = 2**30
+STALL_FRACTION = 0.05  # as tunepilot.pilot.results.STALL_FRACTION (not imported: it pulls torch)
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1000px;
 color:#222;line-height:1.4}
@@ -31,19 +35,22 @@ font-weight:bold} .skipped,.missing{color:#777} .reused{color:#555;font-style:it
 
 
 def _load(run: Path, name: str) -> dict | None:
+    """A stage's JSON, or None when it is missing, unreadable or not a JSON object (a report of
+    a partial or damaged run directory shows that stage as missing, never a traceback)."""
+    from tunepilot.errors import UserError
+    from tunepilot.store import read_json
+
     p = run / f"{name}.json"
     if not p.exists():
         return None
     try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError:
+        data = read_json(p)
+    except UserError:
         return None
+    return data if isinstance(data, dict) else None
 
 
-def _v(fig, default=None):
-    if isinstance(fig, dict):
-        return fig.get("value", default) if fig.get("value") is not None else default
-    return default if fig is None else fig
+_v = value_of
 
 
 def _kind(fig) -> str:
@@ -64,7 +71,7 @@ def _table(headers: list[str], rows: list[list], num_cols: set[int] | None = Non
 
 
 def _gib(n) -> str:
-    return "-" if n is None else f"{n / GIB:,.2f} GiB"
+    return gib(n)
 
 
 # --- sections ----------------------------------------------------------------------------------
@@ -80,12 +87,13 @@ def _decision(run: Path, dec: dict | None, manifest: dict) -> str:
         [escape(g["stage"]), f'<span class="{escape(g["status"])}">{escape(g["status"])}</span>'
          + (' <span class="reused">(reused)</span>' if g.get("reused") else ""),
          escape(g["summary"])] for g in dec.get("gates", [])])
-    return (f'<div class="decision {cls}" id="decision">{escape(dec["decision"])}</div>'
+    return (f'<div class="decision {cls}" id="decision">{escape(str(dec.get("decision", "")))}'
+            '</div>'
             f'<div id="gates">{gates}</div>')
 
 
 def _memory(plan: dict | None, pilot: dict | None) -> str:
-    if plan is None:
+    if plan is None or not {"per_device", "phases", "cards"} <= set(plan):
         return '<p class="missing">No plan in this run directory.</p>'
     d = plan["per_device"]
     comps = ["weights", "master weights", "gradients", "optimizer", "activations",
@@ -108,7 +116,7 @@ def _memory(plan: dict | None, pilot: dict | None) -> str:
         bars.append({"label": f"{c['card']} ({'fits' if c['fits'] else 'does not fit'})",
                      "values": values, "projected": True,
                      "markers": [{"label": "capacity", "value": cap, "color": "#000"},
-                                 {"label": "capacity less headroom", "value": cap * 0.9,
+                                 {"label": "capacity less headroom", "value": cap * (1 - DEFAULT_HEADROOM),
                                   "color": "#d93025", "dash": "4 3"}]})
     chart = svg.stacked_bars(f"Device peak per card at the {plan['peak_phase']} phase "
                              f"({plan['fidelity']} plan, projected)", bars, comps)
@@ -143,19 +151,24 @@ def _steps(pilot: dict | None) -> str:
     wall = [x * 1000 for x in _v(per.get("wall_s"), [])]
     wait = [x * 1000 for x in _v(per.get("data_wait_s"), [])]
     st = pilot.get("step_time", {})
-    marks = {k: _v(st.get(f"{k}_s"), 0) * 1000 for k in ("p50", "p90", "p99")}
+    marks = {k: _v(st.get(f"{k}_s")) * 1000 for k in ("p50", "p90", "p99")
+             if _v(st.get(f"{k}_s")) is not None}
     hist = svg.histogram("Measured step wall time (ms, measured)", wall, marks, "ms")
     dw = pilot.get("data_wait", {})
-    frac = 0.05  # the pilot's rule: a stall is a step that waited > 5% of its wall time
-    stalls = [i for i, (a, b) in enumerate(zip(wait, wall, strict=False)) if b and a > frac * b]
+    stalls = [i for i, (a, b) in enumerate(zip(wait, wall, strict=False))
+              if b and a > STALL_FRACTION * b]
     line = svg.series("Data wait per step (ms, measured; red = stall)", wait, stalls, "ms")
     tp = pilot.get("throughput", {})
-    rows = [["step time p50 / p90 / p99", " / ".join(f"{v:.1f} ms" for v in marks.values()),
-             _kind(st.get("p50_s"))],
-            ["CV", f"{_v(st.get('cv'), 0):.3f}", _kind(st.get("cv"))],
-            ["useful tokens/s", f"{_v(tp.get('useful_tokens_per_s'), 0):,.0f}",
+    def num(fig, fmt: str, unit: str = "") -> str:
+        v = _v(fig)
+        return "-" if v is None else format(v, fmt) + unit
+
+    rows = [["step time p50 / p90 / p99",
+             " / ".join(f"{v:.1f} ms" for v in marks.values()) or "-", _kind(st.get("p50_s"))],
+            ["CV", num(st.get("cv"), ".3f"), _kind(st.get("cv"))],
+            ["useful tokens/s", num(tp.get("useful_tokens_per_s"), ",.0f"),
              _kind(tp.get("useful_tokens_per_s"))],
-            ["padded tokens/s", f"{_v(tp.get('padded_tokens_per_s'), 0):,.0f}",
+            ["padded tokens/s", num(tp.get("padded_tokens_per_s"), ",.0f"),
              _kind(tp.get("padded_tokens_per_s"))],
             ["data-loader stalls", str(_v(dw.get("num_stalls"), 0)), _kind(dw.get("num_stalls"))],
             ["MFU", "-" if _v(pilot.get("mfu")) is None else f"{_v(pilot.get('mfu')):.1%}",
@@ -174,9 +187,12 @@ def _restore(rest: dict | None) -> str:
     rows = [[escape(c["name"]), f'<span class="{"passed" if c["passed"] else "failed"}">'
              f'{"pass" if c["passed"] else "FAIL"}</span>', escape(c.get("detail", ""))]
             for c in rest.get("components", [])]
-    extra = (f"<p>save {(_v(rest.get('save_s')) or 0):.3g} s, load "
-             f"{(_v(rest.get('load_s')) or 0):.3g} s, checkpoint "
-             f"{(_v(rest.get('checkpoint_bytes')) or 0) / 2**20:,.1f} MiB (measured)</p>")
+    def fig(key: str, scale: float, fmt: str, unit: str) -> str:
+        v = _v(rest.get(key))
+        return "-" if v is None else f"{format(v / scale, fmt)} {unit}"
+
+    extra = (f"<p>save {fig('save_s', 1, '.3g', 's')}, load {fig('load_s', 1, '.3g', 's')}, "
+             f"checkpoint {fig('checkpoint_bytes', 2**20, ',.1f', 'MiB')} (measured)</p>")
     if rest.get("first_divergence"):
         extra += f"<p class=failed>first divergence: {escape(json.dumps(rest['first_divergence']))}</p>"
     return _table(["component", "verdict", "detail"], rows) + extra
@@ -217,16 +233,18 @@ def _cost(cmp: dict | None, quote: dict | None) -> str:
         items = []
         for r in cmp.get("rows", [])[:16]:
             v = r.get("cost_per_million_term_usd") or r.get("cost_per_million_job_usd")
-            items.append({"label": f"{r['card_id']} x{r['count']}", "value": float(v or 0),
+            items.append({"label": f"{r['card_id']} x{r['count']}",
+                          "value": float(v or 0),  # bar length only; the text is the Decimal
+                          "text": f"${v}" if v is not None else "-",
                           "projected": r.get("cost_basis") != "measured"})
         out += svg.bars("Cost per million useful tokens, cheapest covering term (USD)", items,
                         "USD/M tokens")
     if quote:
         term = quote["term"]
         rows = [[escape(i["kind"]), escape(i["description"]), escape(str(i["quantity"])),
-                 escape(i["unit"]), f"${i['unit_price_usd']}", f"${i['amount_cents'] / 100:,.2f}"]
+                 escape(i["unit"]), f"${i['unit_price_usd']}", f"${cents_to_usd(i['amount_cents']):,}"]
                 for i in term.get("items", [])]
-        rows.append(["<b>total</b>", "", "", "", "", f"<b>${term['total_cents'] / 100:,.2f}</b>"])
+        rows.append(["<b>total</b>", "", "", "", "", f"<b>${cents_to_usd(term['total_cents']):,}</b>"])
         times = [[escape(t["name"]), f"{_v(t['total'], 0) / 3600:,.3g} h", _kind(t["total"])]
                  for t in quote.get("time_terms", [])]
         out += (f"<h3>Term: {escape(quote['card_id'])} x {quote['count']} for "

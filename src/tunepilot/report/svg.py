@@ -166,7 +166,8 @@ def bars(title: str, items: list[dict], unit: str, width: int = 760) -> str:
         if it.get("projected"):
             parts.append(f'<rect x="{left}" y="{y + 3}" width="{w:.1f}" height="16" '
                          f'fill="url(#hatch)" opacity="0.5"/>')
-        parts.append(f'<text x="{left + w + 4:.1f}" y="{y + 15}">{v:,.4g} {escape(unit)} '
+        shown = it.get("text") or f"{v:,.4g}"
+        parts.append(f'<text x="{left + w + 4:.1f}" y="{y + 15}">{escape(shown)} {escape(unit)} '
                      f'({kind})</text>')
     parts.append(f'<text x="{left}" y="{height - 8}">solid = measured, hatched = projected</text>')
     return _svg(width, height, "".join(parts), title)
