@@ -270,6 +270,7 @@ class LinearSpec:
         ) * self.count_per_layer
 
 
+@lru_cache(maxsize=1)  # package metadata is slow to read, and the fit search asks often
 def installed_moe_layout() -> MoeLayout:
     """How the installed transformers stores MoE experts; read from package metadata, no import.
 

@@ -133,8 +133,8 @@ class RestoreResult:
                            "files": len(self.save.files), "step": self.save.step},
             "device": self.device,
             "deterministic": self.deterministic,
-            "loss_max_abs_diff": measured(self.loss_max_abs_diff, "loss")
-            if self.loss_max_abs_diff is not None else unavailable("loss", "no restored steps"),
+            "loss_max_abs_diff": measured(self.loss_max_abs_diff, "nats/token")
+            if self.loss_max_abs_diff is not None else unavailable("nats/token", "no restored steps"),
             "steps": {"original": [asdict(s) for s in self.original],
                       "restored": [asdict(s) for s in self.restored]},
         }
@@ -145,7 +145,7 @@ class RestoreResult:
 
 def verify_restore(spec: RunSpec, steps_before: int = DEFAULT_STEPS_BEFORE,
                    steps_after: int = DEFAULT_STEPS_AFTER, run_dir: Path | str | None = None, *,
-                   base_dir: Path | None = None, device: str | None = None,
+                   base_dir: Path | None = None, device: str | None = None, catalog=None,
                    _fault: str | None = None) -> RestoreResult:
     """Train, save, train on; resume in a fresh process; compare. Writes RUN_DIR/restore.json."""
     if steps_before < 1 or steps_after < 1:
@@ -161,7 +161,7 @@ def verify_restore(spec: RunSpec, steps_before: int = DEFAULT_STEPS_BEFORE,
     from tunepilot.catalog import load_catalog
     from tunepilot.pilot.device import probe_device
 
-    info = probe_device(load_catalog(), device=device)
+    info = probe_device(catalog or load_catalog(), device=device)
     original = _run_original(spec, steps_before, steps_after, run.path, base_dir,
                              info.torch_device)
     original["device_info"] = dict(info.summary(), torch_device=info.torch_device)

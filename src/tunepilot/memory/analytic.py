@@ -188,7 +188,7 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
     extra = 0
     inputs: dict[str, int] = {}
     for lin, mult in _lora_targets(arch, spec):
-        extra += r * mult * cb * lin.count_per_layer
+        extra += r * mult * per_feature * lin.count_per_layer
         if spec.method.lora_dropout > 0:
             extra += (1 + cb) * lin.in_features * lin.count_per_layer
         group = _input_group(lin)
@@ -340,7 +340,8 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
                         + DTYPE_BYTES[spec.frozen_base_dtype] * (counts.total - quant))
         notes.append("QLoRA: NF4 base (bitsandbytes) for the decoder linears"
                      + (" and lm_head" if spec.method.quantize_lm_head else "")
-                     + "; embeddings, norms and lm_head kept in bf16")
+                     + "; embeddings, norms" + ("" if spec.method.quantize_lm_head else
+                                                 " and lm_head") + " kept in 16 bit")
     else:
         frozen_bytes = params.frozen * (DTYPE_BYTES[spec.frozen_base_dtype] if params.frozen else 0)
     trainable_store = pb
@@ -394,15 +395,15 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
     if spec.method.kind == "qlora":  # one linear dequantised to bf16 at a time
         dequant = 2 * max(m.in_features * m.out_features for m in linear_modules(arch))
     accumulating = spec.gradient_accumulation_steps > 1
-    largest_weight = max([m.in_features * m.out_features for m in linear_modules(arch)]
-                         + [lm_head_weights])
+    largest_weight = max([m.numel * (m.count_per_layer if m.peft_kind == "parameter" else 1)
+                          for m in linear_modules(arch)] + [lm_head_weights])  # fused experts
     acc_grads = grads if accumulating else 0
 
     phases = [
         Phase("forward-end", weights, master, acc_grads, optim,
-              saved + casts_fwd + logits_kept, logits_fwd + unsharded, 0),
+              saved + casts_fwd + logits_kept, logits_fwd + unsharded, buckets),
         Phase("loss-backward", weights, master, acc_grads, optim,
-              saved + casts_bwd + logits_kept, logits_transient + unsharded, 0),
+              saved + casts_bwd + logits_kept, logits_transient + unsharded, buckets),
         Phase("backward-end", weights, master, grads, optim, layer_ws,
               cb * largest_weight + dequant + unsharded, buckets),
         Phase("optimizer-step", weights, master, grads, optim, 0, optim_temp, buckets),
@@ -411,18 +412,15 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
         notes.append(f"gradient accumulation ({spec.gradient_accumulation_steps} micro-batches): "
                      "gradients of earlier micro-batches stay alive through later forwards")
     peak = max(phases, key=lambda p: p.total_bytes)
-    per_device = per_device_figures(phases, buckets, stack, N)
-    allocated = per_device["allocated_peak_bytes"]
-    slack = runtime_constants()["allocator"]["reserve_slack_fraction"]
-    overhead = per_device["runtime_overhead_bytes"]
     load_peak = _load_peak(spec, counts.total, frozen_bytes, trainable_bytes, largest_weight, shard)
-    per_device["load_peak_bytes"] = load_peak
+    per_device = per_device_figures(phases, buckets, stack, N, load_peak)
+    allocated = max(p.total_bytes for p in phases)
     if load_peak > allocated:
         notes.append("loading the model sets the peak, not the training step "
                      "(bf16 base loaded before quantization: method.quantize_on_load: false)")
-        per_device["allocated_peak_bytes"] = load_peak
-        per_device["reserved_peak_bytes"] = int(load_peak * (1 + slack))
-        per_device["device_peak_bytes"] = per_device["reserved_peak_bytes"] + overhead
+    if not arch.known_layout:
+        notes.append(f"model_type {arch.model_type!r} has no known layer layout: parameter "
+                     "counts are a llama-style estimate (use plan --trace for the real model)")
     notes.append(f"attention: SDPA flash/memory-efficient kernel (no s x s matrix); "
                  f"norms as Hugging Face's {'RMSNorm' if arch.norm_kind == 'rms' else 'LayerNorm'}")
     impl = default_optimizer_impl(spec, stack)
@@ -439,13 +437,14 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
         world_size=N, strategy=strategy, stack=stack, assumptions=notes)
 
 
-def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size: int) -> dict:
+def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size: int,
+                       load_peak: int = 0) -> dict:
     """The per_device block shared by the analytic and the traced plan: each component's largest
-    size over the timeline, the allocated peak (the largest phase), the allocator's reserve
-    (runtime.yaml slack) and the runtime outside the allocator (context, workspaces, and the
-    collective library's buffers when world_size > 1)."""
+    size over the timeline, the allocated peak (the largest phase, or the model load when that
+    is larger), the allocator's reserve (runtime.yaml slack) and the runtime outside the
+    allocator (context, workspaces, and the collective library's buffers when world_size > 1)."""
     rt = runtime_constants()
-    allocated = max(p.total_bytes for p in phases)
+    allocated = max([p.total_bytes for p in phases] + [load_peak])
     reserved = int(allocated * (1 + rt["allocator"]["reserve_slack_fraction"]))
     st = rt["stacks"].get(stack, rt["stacks"]["cuda"])
     overhead = st["context_bytes"] + st["library_workspace_bytes"]
@@ -463,6 +462,7 @@ def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size
         "reserved_peak_bytes": reserved,
         "runtime_overhead_bytes": overhead,
         "device_peak_bytes": reserved + overhead,
+        "load_peak_bytes": load_peak,
     }
 
 

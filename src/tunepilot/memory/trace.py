@@ -203,19 +203,13 @@ def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str)
     phases = [Phase(p["name"], p["weights"], p["master_weights"], p["gradients"], p["optimizer"],
                     p["activations"], p["temporary"], buckets) for p in phases_in]
     peak = max(phases, key=lambda p: p.total_bytes)
-    per_device = per_device_figures(phases, buckets, stack, N)
-    per_device["load_peak_bytes"] = analytic.per_device["load_peak_bytes"]
-    allocated = per_device["allocated_peak_bytes"]
+    load_peak = analytic.per_device["load_peak_bytes"]
+    per_device = per_device_figures(phases, buckets, stack, N, load_peak)
     slack = runtime_constants()["allocator"]["reserve_slack_fraction"]
-    overhead = per_device["runtime_overhead_bytes"]
     peak_name = peak.name
-    load_peak = per_device["load_peak_bytes"]
-    if load_peak > allocated:
+    if load_peak > peak.total_bytes:
         notes.append("loading the model sets the peak, not the training step (load peak from "
                      "the analytic plan; loading is not traced)")
-        per_device["allocated_peak_bytes"] = load_peak
-        per_device["reserved_peak_bytes"] = int(load_peak * (1 + slack))
-        per_device["device_peak_bytes"] = per_device["reserved_peak_bytes"] + overhead
         peak_name = "model-load"
     notes.append(f"runtime overhead and allocator reserve (+{slack:.0%}) from the same model as "
                  "the analytic plan (data/runtime.yaml)")

@@ -127,8 +127,10 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
     if bad or not strategies:
         raise UserError("--strategy", f"unknown strategy {bad[0] if bad else ''!r}.",
                         "Use ddp, fsdp or both.")
-    if steps < 1 or warmup_steps < 0:
+    if steps < 1:
         raise UserError("--steps", f"needs at least 1 measured step (got {steps}).")
+    if warmup_steps < 0:
+        raise UserError("--warmup-steps", f"cannot be negative (got {warmup_steps}).")
     rdzv = rdzv or Rendezvous()
     world = nproc * rdzv.nnodes
     batches = plan_batches(spec, world)
@@ -356,7 +358,7 @@ def compare(run: dict, base: dict, batches: BatchPlan, precision: str, nproc: in
             "peak_memory_per_rank": measured(run["peak_memory_bytes_per_rank"], "bytes"),
             "step_time_median": measured(run["step_time_s"]["median"], "s"),
             "overhead_per_step": measured(overhead, "s", rule=rule),
-            "loss_max_abs_diff": measured(max(diffs), "nats"),
+            "loss_max_abs_diff": measured(max(diffs), "nats/token"),
         },
         "run": {k: v for k, v in run.items() if k not in ("samples", "losses")},
     }
@@ -426,9 +428,4 @@ def _notes(spec: RunSpec, pre) -> list[str]:
         out.append("peak memory per rank on the CPU is the process's RSS at its peak over "
                    "the training steps: it includes the Python/torch runtime, not only the "
                    "training state, so it hides what FSDP's sharding saves on a small model")
-    if spec.data.source != "synthetic":
-        out.append("the loss check averages per-micro-batch mean losses, as training does: "
-                   "with padded samples the 1-rank and N-rank micro-batches weight tokens "
-                   "differently, so small loss differences can come from that, not from the "
-                   "strategy")
     return out

@@ -237,11 +237,11 @@ def run(a: argparse.Namespace) -> dict:
     state = make_state(spec, model, total)
     watch = MemoryWatch(device)
 
-    samples: list[str] = []
+    batches: list[dict] = []
 
     def next_batch():
         b = stream.next()
-        samples.extend(sample_fingerprints(b))
+        batches.append(b)  # fingerprinted after the step: hashing is not part of its time
         return b
 
     steps = []
@@ -249,8 +249,9 @@ def run(a: argparse.Namespace) -> dict:
         progress(rank, "train", f"step {i + 1}/{total}")
         if timer is not None:
             timer.reset()
-        samples.clear()
+        batches.clear()
         st = train_step(state, next_batch, spec, accumulation=a.accumulation, no_sync=no_sync)
+        samples = [f for b in batches for f in sample_fingerprints(b)]
         loss = torch.tensor([st.loss], dtype=torch.float64, device=device)
         if world > 1:
             dist.all_reduce(loss)  # SUM (gloo has no AVG): the global mean is sum / world
@@ -262,7 +263,7 @@ def run(a: argparse.Namespace) -> dict:
                       "comm_inflight_s": timer.inflight_s if timer else None,
                       "comm_exposed_s": timer.exposed_s() if timer else None,
                       "comm_buckets": timer.buckets if timer else None,
-                      "samples": list(samples)})
+                      "samples": samples})
     progress(rank, "report")
     memory = watch.stop()
     record = {"rank": rank, "local_rank": local_rank, "world_size": world,
