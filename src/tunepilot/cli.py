@@ -92,7 +92,10 @@ def plan(
 
 @app.command()
 def presets(as_json: JsonOpt = False) -> None:
-    """List the shipped model presets with their parameter counts."""
+    """List the shipped model presets with their parameter counts.
+
+    Example: tunepilot presets --json
+    """
     from tunepilot.arch import Arch, list_presets, load_preset, param_counts
 
     rows = []
@@ -113,7 +116,10 @@ def presets(as_json: JsonOpt = False) -> None:
 
 @app.command()
 def cards(catalog: CatalogOpt = None, as_json: JsonOpt = False) -> None:
-    """List the cards of the catalog with their datasheet figures and example prices."""
+    """List the cards of the catalog with their datasheet figures and example prices.
+
+    Example: tunepilot cards --catalog my-prices.yaml
+    """
     from tunepilot.catalog import load_catalog
 
     cat = load_catalog(catalog)
@@ -527,7 +533,8 @@ def run(
     card: Annotated[str | None, typer.Option("--card", help="Quote this card (with --count and "
                                              "--hours); default: compare every card.")] = None,
     count: Annotated[int | None, typer.Option("--count", help="Cards in the term.", min=1)] = None,
-    hours: Annotated[float | None, typer.Option("--hours", help="Term length in hours.")] = None,
+    hours: HoursOpt = None,
+    days: DaysOpt = None,
     nproc: Annotated[int | None, typer.Option(
         "--nproc", help="Ranks for the scaling stage (default: the GPUs here; skipped with one)."
     )] = None,
@@ -550,12 +557,18 @@ def run(
     """
     from tunepilot.catalog import load_catalog
     from tunepilot.pilot.runner import default_run_dir
+    from tunepilot.pricing import check_count, parse_duration
     from tunepilot.spec import load_spec
 
     run_spec = load_spec(spec)
-    if (card, count, hours).count(None) not in (0, 3):
-        raise UserError("--card", "give --card, --count and --hours together, or none of them "
-                        "(then every card is compared).")
+    cat = load_catalog(catalog)
+    term_s = parse_duration(hours, days, required=False)  # checked before any stage runs
+    if (card is None) != (count is None) or (card is None) != (term_s is None):
+        raise UserError("--card", "give --card, --count and --hours (or --days) together, or "
+                        "none of them (then every card is compared).")
+    if card is not None:
+        card = cat.get(card).id
+        check_count(count)
     mem = None
     if memory_limit:
         from tunepilot.pilot.memtrack import parse_bytes
@@ -563,9 +576,9 @@ def run(
         mem = parse_bytes(memory_limit)
     from tunepilot.pipeline import RunOptions
 
-    opts = RunOptions(card=card, count=count, hours=hours, nproc=nproc, force=force,
+    opts = RunOptions(card=card, count=count, term_s=term_s, nproc=nproc, force=force,
                       memory_limit_bytes=mem, trace=not no_trace, base_dir=spec.parent,
-                      catalog=load_catalog(catalog))
+                      catalog=cat)
     _run_and_report(run_spec, out or default_run_dir(run_spec), opts, as_json)
 
 

@@ -426,10 +426,29 @@ def _context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None, card_i
 
     run = read_run_dir(run_dir, spec, catalog) if run_dir is not None else None
     arch = resolve_arch(spec, base_dir)
-    plan = make_plan(spec, catalog=catalog, card_ids=card_ids, arch=arch, base_dir=base_dir)
-    facts = run_facts(spec, arch, plan.params)
-    return _Ctx(spec, catalog, facts, {row["card"]: row for row in plan.cards}, run,
-                spec.method.kind)
+    wanted = card_ids and [catalog.get(c).id for c in card_ids] or [c.id for c in catalog.cards]
+    staged = _staged_plan(run_dir, spec)
+    if staged is not None and all(c in staged[1] for c in wanted):
+        params, fit = staged  # the plan the staged pilot gated on (traced when it could)
+    else:
+        plan = make_plan(spec, catalog=catalog, card_ids=card_ids, arch=arch, base_dir=base_dir)
+        params, fit = plan.params, {row["card"]: row for row in plan.cards}
+    facts = run_facts(spec, arch, params)
+    return _Ctx(spec, catalog, facts, fit, run, spec.method.kind)
+
+
+def _staged_plan(run_dir: Path | str | None, spec: RunSpec):
+    """(params, fit rows by card) from RUN_DIR/plan.json when it is this spec's, else None."""
+    if run_dir is None:
+        return None
+    from tunepilot.memory.analytic import ParamSplit
+    from tunepilot.store import RunDir
+
+    run = RunDir(run_dir)
+    if not run.stage_done("plan", spec.spec_hash()):
+        return None
+    plan = run.read("plan")
+    return ParamSplit(**plan["params"]), {row["card"]: row for row in plan["cards"]}
 
 
 def _job(ctx: _Ctx, card: Card, count: int, strategy: str):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.errors import TunepilotError, UserError
+from tunepilot.figures import value_of
 from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir
 
@@ -56,7 +57,7 @@ class GateFailed(TunepilotError):
 class RunOptions:
     card: str | None = None
     count: int | None = None
-    hours: float | None = None
+    term_s: int | None = None
     nproc: int | None = None
     force: bool = False
     memory_limit_bytes: int | None = None
@@ -105,7 +106,7 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
     peak = plan["per_device"]["device_peak_bytes"] / 2**30
     if not fitting and not any(fsdp.values()):
         result.gates.append(Gate("plan", "failed", f"{plan['fidelity']} plan: device peak "
-                                 f"{peak:.1f} GiB fits no card even with FSDP", reused))
+                                 f"{peak:.1f} GiB (projected) fits no card even with FSDP", reused))
         stop("plan", "the run fits no card of the catalog.")
     where = ", ".join(fitting) if fitting else "FSDP only: " + ", ".join(
         f"{k} x{v}" for k, v in fsdp.items() if v)
@@ -128,11 +129,11 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
         why = pilot.get("verdict") or pilot.get("does_not_fit") or "full steps did not complete"
         result.gates.append(Gate("pilot", "failed", str(why), reused))
         stop("pilot", f"{why}.")
-    tps = _value(pilot.get("throughput", {}).get("useful_tokens_per_s"))
+    tps = value_of(pilot.get("throughput", {}).get("useful_tokens_per_s"))
     dev = pilot.get("device", {})
+    rate = "throughput not measured" if tps is None else f"{tps:,.0f} useful tokens/s (measured)"
     result.gates.append(Gate("pilot", "passed", f"full steps on the longest batch on "
-                             f"{dev.get('name', dev.get('kind', '?'))}: {tps:,.0f} useful "
-                             "tokens/s (measured)", reused))
+                             f"{dev.get('name', dev.get('kind', '?'))}: {rate}", reused))
 
     # 3. restore ------------------------------------------------------------------------------
     restore = reuse("restore")
@@ -142,7 +143,8 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
 
         say("restore: save, resume in a fresh process, compare the continuation")
         k, m = o.restore_steps
-        restore = verify_restore(spec, k, m, run.path, base_dir=o.base_dir).to_dict()
+        restore = verify_restore(spec, k, m, run.path, base_dir=o.base_dir,
+                                 catalog=catalog).to_dict()
     if not restore.get("passed"):
         bad = ", ".join(restore.get("failed_components") or []) or "the continuation"
         result.gates.append(Gate("restore", "failed", f"failed on {bad}", reused))
@@ -187,8 +189,8 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
     say("quote: the term and cost per useful token from the measured figures")
     from tunepilot import cost
 
-    if o.card and o.count and o.hours:
-        q = cost.quote(spec, card_id=o.card, count=o.count, term_s=int(o.hours * 3600),
+    if o.card and o.count and o.term_s:
+        q = cost.quote(spec, card_id=o.card, count=o.count, term_s=o.term_s,
                        run_dir=run.path, catalog=catalog, base_dir=o.base_dir).to_dict()
         quotes = [q]
     else:
@@ -228,15 +230,10 @@ def _money(v) -> str:
     if v is None:
         return "-"
     d = Decimal(str(v))
-    if abs(d) < 1 and d != 0:
-        return f"${float(d):.4g}"
+    if abs(d) < 1 and d != 0:  # 4 significant digits, in Decimal
+        exp = d.adjusted() - 3
+        return f"${d.quantize(Decimal(1).scaleb(exp)).normalize():f}"
     return f"${d.quantize(Decimal('0.01')):,}"
-
-
-def _value(fig) -> float:
-    if isinstance(fig, dict):
-        return float(fig.get("value") or 0.0)
-    return float(fig or 0.0)
 
 
 def _plan(spec: RunSpec, catalog: Catalog, o: RunOptions) -> dict:

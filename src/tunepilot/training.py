@@ -16,7 +16,7 @@ import torch
 from tunepilot.data import IGNORE_INDEX, useful_tokens
 from tunepilot.errors import UserError
 from tunepilot.memory.analytic import CHUNKED_LOSS_TOKENS
-from tunepilot.models import output_head, trainable_parameters
+from tunepilot.models import output_head, torch_dtype, trainable_parameters
 from tunepilot.spec import RunSpec
 
 MAX_GRAD_NORM = 1.0  # gradient clipping as fine-tuning recipes default to it (HF Trainer, torchtune)
@@ -31,7 +31,7 @@ def build_optimizer(spec: RunSpec, model: torch.nn.Module) -> torch.optim.Optimi
         raise UserError("method", "the model has no trainable parameters.",
                         "Check method.lora_targets names modules of this model.")
     pdtype = params[0].dtype
-    want = {"fp32": torch.float32, "bf16": torch.bfloat16}[spec.optimizer_state_dtype]
+    want = torch_dtype(spec.optimizer_state_dtype)
     if o.name in ("adamw", "sgd") and want != pdtype and o.state_dtype is not None:
         raise UserError("optimizer.state_dtype", f"{o.state_dtype} states on {pdtype} "
                         "parameters: PyTorch keeps optimizer state in the parameter dtype.",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -404,7 +403,10 @@ class _Pilot:
         self.progress("checkpoint write", 0, None)
         parent = self.run_dir.path / "checkpoints"
         parent.mkdir(parents=True, exist_ok=True)
-        need = tensor_bytes(state_tensors(self.model, self.state.optimizer))
+        from tunepilot.checkpoint import model_and_optimizer_state, save_checkpoint
+
+        msd, osd = model_and_optimizer_state(self.state, r.pilot_spec)  # LoRA: adapters only
+        need = tensor_bytes(t for sd in (msd, osd) for t in _tensors_in(sd))
         free = shutil.disk_usage(parent).free
         if need * DISK_MARGIN > free:
             r.checkpoint = {"unavailable": f"not enough free disk in {parent}: the state is about "
@@ -413,24 +415,15 @@ class _Pilot:
         tmp = Path(tempfile.mkdtemp(prefix=".pilot-probe-", dir=parent))
         target = tmp / "ckpt"
         try:
-            save_checkpoint = _save_checkpoint_function()
             _sync(r.device)
             t0 = time.perf_counter()
-            if save_checkpoint is not None:
-                info = save_checkpoint(target, self.state, self.stream, r.pilot_spec,
-                                       extra={"written_by": "tunepilot pilot (timing probe)"})
-                dt = time.perf_counter() - t0
-                r.checkpoint = {"seconds": dt, "bytes": int(info.bytes), "files": len(info.files),
-                                "kind": getattr(info, "kind", None),
-                                "method": "tunepilot.checkpoint.save_checkpoint (the format the "
-                                          "run writes: atomic, fsynced, checksummed)"}
-            else:
-                nbytes = _fallback_save(target, self.state)
-                dt = time.perf_counter() - t0
-                r.checkpoint = {"seconds": dt, "bytes": nbytes, "files": 1, "kind": "full",
-                                "method": "fallback: torch.save of the model, optimizer and "
-                                          "scheduler state dicts, fsynced (tunepilot.checkpoint "
-                                          "not available)"}
+            info = save_checkpoint(target, self.state, self.stream, r.pilot_spec,
+                                   extra={"written_by": "tunepilot pilot (timing probe)"})
+            dt = time.perf_counter() - t0
+            r.checkpoint = {"seconds": dt, "bytes": int(info.bytes), "files": len(info.files),
+                            "kind": getattr(info, "kind", None),
+                            "method": "tunepilot.checkpoint.save_checkpoint (the format the "
+                                      "run writes: atomic, fsynced, checksummed)"}
         except (OSError, TunepilotError) as exc:  # a failed write is a finding, not a crash
             r.checkpoint = {"unavailable": f"the checkpoint write failed: {exc}"}
             r.notes.append(r.checkpoint["unavailable"])
@@ -571,29 +564,21 @@ def _device_type(info: DeviceInfo) -> str:
     return "cpu" if info.kind == "cpu" else "cuda"
 
 
-def _save_checkpoint_function():
-    """tunepilot.checkpoint.save_checkpoint, or None where that module is not installed."""
-    try:
-        from tunepilot.checkpoint import save_checkpoint
-    except ImportError:
-        return None
-    return save_checkpoint
+def _tensors_in(obj):
+    """Every tensor in a nested state dict."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors_in(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors_in(v)
 
 
 def _sync(info: DeviceInfo) -> None:
     if info.kind != "cpu":
         torch.cuda.synchronize()
-
-
-def _fallback_save(target: Path, state: TrainState) -> int:
-    target.mkdir(parents=True, exist_ok=True)
-    f = target / "state.pt"
-    with f.open("wb") as fh:
-        torch.save({"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
-                    "scheduler": state.scheduler.state_dict()}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    return f.stat().st_size
 
 
 def _data_provenance(info) -> dict:
