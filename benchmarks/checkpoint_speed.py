@@ -43,8 +43,8 @@ CONFIG = {"model_type": "llama", "hidden_size": 768, "intermediate_size": 2048,
 def _state(tmp: Path):
     import torch
 
-    from tunepilot.data import DataStream, build_dataset, make_loader
-    from tunepilot.models import build_model
+    from tunepilot.dataset import DataStream, build_dataset, make_loader
+    from tunepilot.model.build import build_model
     from tunepilot.spec import spec_from_dict
     from tunepilot.training import make_state, train_step
 

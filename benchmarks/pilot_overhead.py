@@ -45,9 +45,9 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
 
-    from tunepilot.data import DataStream, build_dataset, make_loader
-    from tunepilot.models import build_model
-    from tunepilot.pilot.device import make_sampler, probe_device
+    from tunepilot.dataset import DataStream, build_dataset, make_loader
+    from tunepilot.device import make_sampler, probe_device
+    from tunepilot.model.build import build_model
     from tunepilot.pilot.stats import StopRule
     from tunepilot.pilot.steps import InstrumentedStep
     from tunepilot.spec import load_spec

@@ -20,8 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from tunepilot.arch import Arch
 from tunepilot.memory.analytic import analytic_plan
+from tunepilot.model.arch import Arch
 from tunepilot.spec import spec_from_dict
 
 HERE = Path(__file__).resolve().parent
@@ -113,7 +113,7 @@ def plan_row(model: str, fields: dict):
     if cfg:
         arch = Arch.from_config(cfg)
     else:
-        from tunepilot.memory.plan import resolve_arch
+        from tunepilot.model.arch import resolve_arch
 
         arch = resolve_arch(spec)
     return spec, arch, cfg
@@ -139,8 +139,8 @@ def main() -> int:
         plan = analytic_plan(spec, arch)
         rec = {"id": row["id"], "model": row["model"], "method": row["method"],
                "seq": int(row["seq_len"]), "mb": int(row["micro_batch"]), "compare": key,
-               "measured_bytes": got, "analytic_bytes": plan.per_device[key],
-               "analytic_error": plan.per_device[key] / got - 1, "peak_phase": plan.peak_phase,
+               "measured_bytes": got, "analytic_bytes": getattr(plan.per_device, key),
+               "analytic_error": getattr(plan.per_device, key) / got - 1, "peak_phase": plan.peak_phase,
                "unmodelled": unmodelled}
         if traced_peak is not None:
             t = traced_peak(spec, arch, cfg)

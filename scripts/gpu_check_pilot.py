@@ -38,10 +38,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check_pilot: no CUDA GPU on this machine: skipping (nothing was run)")
         return 0
-    from tunepilot.pilot.render import render_pilot
     from tunepilot.pilot.runner import PilotOptions, run_pilot
-    from tunepilot.render import console
     from tunepilot.spec import spec_from_dict
+    from tunepilot.views.common import console
+    from tunepilot.views.pilot import render_pilot
 
     specs = {"1b": FULL_1B, "8b": LORA_8B}
     rc = 0
@@ -54,7 +54,7 @@ def main() -> int:
         console.rule(f"pilot: {spec.label}")
         res = run_pilot(spec, out, PilotOptions(max_steps=args.max_steps))
         d = res.to_dict()
-        render_pilot(d, str(out / "pilot.json"))
+        render_pilot(res, str(out / "pilot.json"))
         comps = d["plan_vs_measured"]["components"]
         residuals = {k: {"planned_gib": v["planned"]["value"] / 2**30,
                          "measured_gib": (v["measured"]["value"] or 0) / 2**30,

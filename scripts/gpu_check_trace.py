@@ -88,11 +88,10 @@ def pilot_step_peak(spec, device: str) -> dict:
     """Step 2 of tunepilot.training.train_step on `device`: the caching allocator's peaks."""
     import torch
 
-    from tunepilot.models import build_model
-    from tunepilot.training import make_state, train_step
+    from tunepilot.training import build_run, train_step
 
-    model = build_model(spec, device)
-    state = make_state(spec, model, total_steps=2)
+    state = build_run(spec, device, total_steps=2, data=False).state
+    model = state.model
     vocab = int(model.config.vocab_size)
 
     def next_batch():  # the pilot's synthetic batch: no padding, an all-ones mask
@@ -116,10 +115,10 @@ def pilot_step_peak(spec, device: str) -> dict:
 def check(name: str, fields: dict, device: str, nvml_base: int | None) -> dict:
     import torch
 
-    from tunepilot.arch import Arch
     from tunepilot.memory.analytic import analytic_plan
-    from tunepilot.memory.plan import resolve_model_config
-    from tunepilot.memory.trace import trace_in_child, trace_step, traced_plan_from
+    from tunepilot.memory.trace import trace_in_child, traced_plan_from
+    from tunepilot.memory.trace_step import trace_step
+    from tunepilot.model.arch import Arch, resolve_model_config
     from tunepilot.spec import spec_from_dict
 
     spec = spec_from_dict(fields)
@@ -128,9 +127,9 @@ def check(name: str, fields: dict, device: str, nvml_base: int | None) -> dict:
     raw = trace_in_child(spec, cfg, "cuda")
     plan = traced_plan_from(spec, raw, analytic_plan(spec, Arch.from_config(cfg), "cuda"), "cuda")
     r = {"spec": name, "trace_s": round(time.perf_counter() - t0, 1),
-         "traced_allocated": plan.per_device["allocated_peak_bytes"],
-         "traced_reserved": plan.per_device["reserved_peak_bytes"],
-         "traced_device": plan.per_device["device_peak_bytes"],
+         "traced_allocated": plan.per_device.allocated_peak_bytes,
+         "traced_reserved": plan.per_device.reserved_peak_bytes,
+         "traced_device": plan.per_device.device_peak_bytes,
          "traced_peak_phase": plan.peak_phase, "attention": raw["attention_kernel"]}
     with NvmlPeak() as nv:
         real = trace_step(spec, cfg, "cuda", fake=False, device=device)

@@ -1,4 +1,4 @@
-"""Regenerate the shipped tiny text set and tokenizer (src/tunepilot/data/tiny/).
+"""Regenerate the shipped tiny text set and tokenizer (src/tunepilot/resources/tiny/).
 
 Run once by a developer; the outputs are committed so nothing is generated or downloaded at run
 time. Deterministic: the same seed gives the same files.
@@ -9,7 +9,7 @@ import json
 import random
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "src" / "tunepilot" / "data" / "tiny"
+OUT = Path(__file__).resolve().parent.parent / "src" / "tunepilot" / "resources" / "tiny"
 SUBJECTS = ["the cluster", "a checkpoint", "the optimizer", "every rank", "the scheduler",
             "the data loader", "a long sequence", "the allocator", "the lease", "an H200",
             "the validation pass", "a LoRA adapter", "the gradient", "the learning rate"]

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from tunepilot.arch import (
+from tunepilot.errors import SpecError
+from tunepilot.model.arch import (
     META_KEY,
     Arch,
     installed_moe_layout,
@@ -23,7 +24,6 @@ from tunepilot.arch import (
     lora_param_count,
     param_counts,
 )
-from tunepilot.errors import SpecError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -327,5 +327,5 @@ def test_load_config_file_errors_name_the_field(tmp_path):
 
 
 def test_arch_imports_without_torch():
-    code = "import sys, tunepilot.arch; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, tunepilot.model.arch; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

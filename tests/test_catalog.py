@@ -143,10 +143,19 @@ def test_catalog_module_does_not_import_torch():
     ("H100-SXM-80GB", "h100-sxm-80gb"), ("h100", "h100-sxm-80gb"), ("H100_SXM", "h100-sxm-80gb"),
     ("h100 sxm", "h100-sxm-80gb"), ("A100", "a100-sxm-80gb"), ("a100-80gb", "a100-sxm-80gb"),
     ("h200", "h200-sxm-141gb"), ("MI300X", "mi300x-192gb"),
-    ("h2", "h200-sxm-141gb"), ("mi3", "mi300x-192gb"),  # unique prefixes
 ])
 def test_card_names_are_normalised(shipped, name, card_id):
     assert shipped.get(name).id == card_id
+
+
+@pytest.mark.parametrize(("name", "guess"), [("h20", "h200-sxm-141gb"), ("a10", "a100-sxm-80gb"),
+                                             ("mi3", "mi300x-192gb")])
+def test_a_prefix_is_another_card_not_a_match(shipped, name, guess):
+    """H20 and A10 are real GPUs of their own: a prefix of a card's name is refused with a
+    'did you mean', never quoted as that card."""
+    with pytest.raises(UserError) as err:
+        shipped.get(name)
+    assert err.value.field == "card" and f"did you mean {guess}" in err.value.hint.lower()
 
 
 def test_normalise_card_name():

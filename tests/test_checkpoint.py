@@ -26,7 +26,8 @@ from tunepilot.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from tunepilot.restore import _build, _train
+from tunepilot.restore.worker import build as _build
+from tunepilot.restore.worker import train as _train
 from tunepilot.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,17 +77,17 @@ def test_round_trip_resumes_bit_identically(saved):
 
 def test_manifest_holds_sha256_per_file_and_verifies_clean(saved):
     manifest = read_manifest(saved[0])
-    assert manifest["step"] == 3 and manifest["spec_hash"] == TINY.spec_hash()
-    assert manifest["extra"] == {"note": "test"}
-    for rel, entry in manifest["files"].items():
-        assert len(entry["sha256"]) == 64 and entry["bytes"] == (saved[0] / rel).stat().st_size
-    assert {e["component"] for e in manifest["files"].values()} >= {"model", "optimizer", "rng"}
+    assert manifest.step == 3 and manifest.spec_hash == TINY.spec_hash()
+    assert manifest.extra == {"note": "test"}
+    for rel, entry in manifest.files.items():
+        assert len(entry.sha256) == 64 and entry.bytes == (saved[0] / rel).stat().st_size
+    assert {e.component for e in manifest.files.values()} >= {"model", "optimizer", "rng"}
     assert verify_checkpoint(saved[0]) == []
 
 
 def _largest(path: Path, component: str) -> Path:
     m = read_manifest(path)
-    return path / max(m["components"][component], key=lambda r: m["files"][r]["bytes"])
+    return path / max(m.components[component], key=lambda r: m.files[r].bytes)
 
 
 def _truncate(p: Path) -> None:
@@ -140,12 +141,12 @@ def test_lora_saves_the_adapter_only_with_a_base_reference(tmp_path):
     state, stream = _trained(LORA)
     info = save_checkpoint(tmp_path / "lora", state, stream, LORA)
     manifest = read_manifest(tmp_path / "lora")
-    assert info.kind == "lora" and manifest["model"]["adapter"]["rank"] == 4
-    base = manifest["model"]["base"]
+    assert info.kind == "lora" and manifest.model["adapter"]["rank"] == 4
+    base = manifest.model["base"]
     assert base["preset"] == "tiny" and base["seed"] == LORA.seed
     assert len(base["config_sha256"]) == 64
     trainable = sum(p.numel() * 4 for p in state.model.parameters() if p.requires_grad)
-    model_bytes = sum(manifest["files"][r]["bytes"] for r in manifest["components"]["model"])
+    model_bytes = sum(manifest.files[r].bytes for r in manifest.components["model"])
     frozen = sum(p.numel() * p.element_size() for p in state.model.parameters()
                  if not p.requires_grad)
     assert trainable <= model_bytes < trainable + frozen // 4  # no base weights inside
@@ -205,17 +206,19 @@ def test_overwriting_replaces_atomically_and_a_failed_save_keeps_the_old(saved, 
     path = _copy(saved, tmp_path)
     state, stream = _trained(TINY, steps=4)
     save_checkpoint(path, state, stream, TINY)
-    assert read_manifest(path)["step"] == 4 and verify_checkpoint(path) == []
+    assert read_manifest(path).step == 4 and verify_checkpoint(path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no temporaries left
 
     def boom(*a, **k):
-        raise OSError("disk full (simulated)")
+        raise OSError(28, "No space left on device (simulated)")
 
-    monkeypatch.setattr(ck, "hash_files", boom)
+    import tunepilot.checkpoint.state as ck_state
+
+    monkeypatch.setattr(ck_state, "hash_files", boom)
     _train(state, stream, TINY, 1)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match="disk is full"):
         save_checkpoint(path, state, stream, TINY)
-    assert read_manifest(path)["step"] == 4 and verify_checkpoint(path) == []
+    assert read_manifest(path).step == 4 and verify_checkpoint(path) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
 
 
@@ -232,7 +235,7 @@ CHILD = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
     from tunepilot.checkpoint import save_checkpoint
-    from tunepilot.data import DataStream, build_dataset, make_loader
+    from tunepilot.dataset import DataStream, build_dataset, make_loader
     from tunepilot.spec import load_spec
     from tunepilot.training import TrainState
 
@@ -279,12 +282,12 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     assert temporaries, "never caught the saver mid-write"
     assert any(t.exists() for t in temporaries)  # killed while the temporary was being written
     assert verify_checkpoint(path) == []
-    step = read_manifest(path)["step"]
+    step = read_manifest(path).step
     assert step >= 1
 
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(4)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    from tunepilot.data import DataStream, build_dataset, make_loader
+    from tunepilot.dataset import DataStream, build_dataset, make_loader
     from tunepilot.training import TrainState
 
     ds, info = build_dataset(TINY, 512)

@@ -18,9 +18,21 @@ from hypothesis import strategies as st
 
 from tunepilot.catalog import load_catalog
 from tunepilot.cost import MEASURED, PROJECTED, compare, cost_model, quote, read_run_dir
+from tunepilot.cost.terms import billed_seconds, parse_duration, parse_options, term_cost
 from tunepilot.errors import UserError
-from tunepilot.pricing import billed_seconds, parse_duration, parse_options, term_cost
+from tunepilot.results.export import ExportResult
+from tunepilot.results.figure import Figure
+from tunepilot.results.pilot import DeviceBlock, PilotResult, Throughput, Timings
+from tunepilot.results.scale import (
+    BatchPlan,
+    Distribution,
+    LaunchSummary,
+    Recommendation,
+    ScalingResult,
+    StrategyResult,
+)
 from tunepilot.spec import load_spec
+from tunepilot.store import RunDir
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CAT = load_catalog()
@@ -29,27 +41,53 @@ LORA_8B = load_spec(EXAMPLES / "llama3-8b-lora.yaml")
 H = 3600
 
 
-def write_run_dir(path: Path, spec, card_id: str | None, *, pilot: dict | None = None,
-                  **files: dict) -> Path:
-    """A hand-written, schema-correct run directory (a fixture, not a measurement)."""
-    path.mkdir(parents=True, exist_ok=True)
-    manifest = {"spec_hash": spec.spec_hash(),
-                "device": {"kind": "cuda" if card_id else "cpu", "name": card_id or "cpu",
-                           "card_id": card_id}}
+def write_run_dir(path: Path, spec, card_id: str | None, *, pilot: PilotResult | None = None,
+                  scale: dict | None = None, export: dict | None = None) -> Path:
+    """A hand-made run directory of typed results (a fixture, not a measurement): the pilot's
+    throughput and timings, optionally a scaling strategy and an export."""
+    run = RunDir(path)
+    device = {"kind": "cuda" if card_id else "cpu", "name": card_id or "cpu", "card_id": card_id}
     timings = {"setup_s": 120.0, "model_load_s": 2.0, "validation_pass_s": 0.05,
                "checkpoint_write_s": 0.1, "checkpoint_bytes": 1_896_192}
-    pilot = pilot if pilot is not None else {
-        "spec_hash": spec.spec_hash(),
-        "throughput": {"useful_tokens_per_s": {"value": 50_000.0, "unit": "tokens/s",
-                                               "measured": True}},
-        "timings": {k: {"value": v, "unit": "s" if k.endswith("_s") else "bytes",
-                        "measured": True} for k, v in timings.items()},
-        "device": manifest["device"]}
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    (path / "pilot.json").write_text(json.dumps(pilot))
-    for name, body in files.items():
-        (path / f"{name}.json").write_text(json.dumps({"spec_hash": spec.spec_hash(), **body}))
+    if pilot is None:
+        pilot = PilotResult(
+            throughput=Throughput(useful_tokens_per_s=Figure.measured(50_000.0, "tokens/s")),
+            timings=Timings(**{k: Figure.measured(v, "s" if k.endswith("_s") else "bytes")
+                               for k, v in timings.items()}),
+            device=DeviceBlock(**device))
+    run.write(pilot, spec.spec_hash())
+    run.update_manifest(device=device)
+    if scale is not None:
+        run.write(_scaling(spec, scale), spec.spec_hash())
+    if export is not None:
+        run.write(ExportResult(dest="file:///x", source=str(path), files=[], files_copied=0,
+                               files_recopied=0, files_skipped=0, bytes_copied=_b(0),
+                               bytes_skipped=_b(0), bytes=_b(export["bytes"]),
+                               seconds=Figure.measured(export["seconds"], "s"),
+                               bytes_per_s=Figure.measured(export["bytes_per_s"], "B/s")),
+                  spec.spec_hash())
     return path
+
+
+def _b(n):
+    return Figure.measured(n, "bytes")
+
+
+def _scaling(spec, strategies: dict) -> ScalingResult:
+    dist = Distribution(median=1.0, mean=1.0, min=1.0, max=1.0, values=[1.0])
+    base = LaunchSummary(world_size=1, strategy="single", backend="nccl", micro_batch_size=1,
+                         accumulation=1, measured_steps=1, useful_tokens=1,
+                         useful_tokens_per_s=1.0, step_time_s=dist, peak_memory_bytes_per_rank=1,
+                         losses=[1.0], loss_spread_between_ranks=0.0, ranks_reported=[0],
+                         per_rank=[])
+    return ScalingResult(
+        label=spec.label, nproc=2, nnodes=1, world_size=2, device="cuda", steps=1,
+        warmup_steps=0, global_batch=BatchPlan(global_batch_samples=4, world_size=2,
+                                               micro_batch_size=1, accumulation=2,
+                                               baseline_accumulation=4, sequence_length=128),
+        preflight={}, baseline=base, recommendation=Recommendation(strategy="ddp", reason="-"),
+        strategies={k: StrategyResult(status="ok", world_size=v["nproc"], **v)
+                    for k, v in strategies["strategies"].items()})
 
 
 def term(q, name):
@@ -196,7 +234,7 @@ def test_unknown_card_says_did_you_mean():
 
 def test_compare_8b_lora_ranks_every_fitting_card_and_names_the_others():
     c = compare(LORA_8B)
-    seen = {q.card_id for q in c.rows} | {r["card"] for r in c.refused}
+    seen = {q.card_id for q in c.rows} | {r.card for r in c.refused}
     assert seen == {card.id for card in CAT.cards}  # all four cards appear
     assert c.refused == []  # with full checkpointing the 8B LoRA fits every card
     costs = [q.cost_per_million_term_usd for q in c.rows]
@@ -275,8 +313,8 @@ def test_a_cpu_pilot_carries_its_machine_timings_but_not_its_throughput(tmp_path
 
 def test_missing_files_and_keys_fall_back_to_projections(tmp_path):
     run = tmp_path / "run"
-    write_run_dir(run, TINY, "h100-sxm-80gb", pilot={"spec_hash": TINY.spec_hash()})
-    (run / "pilot.json").write_text(json.dumps({"spec_hash": TINY.spec_hash(),
+    write_run_dir(run, TINY, "h100-sxm-80gb")
+    (run / "pilot.json").write_text(json.dumps({"spec_hash": TINY.spec_hash(), "schema_version": 2,
                                                 "throughput": {"useful_tokens_per_s": "fast"}}))
     q = quote(TINY, card_id="h100", count=1, term_s=H, run_dir=run)
     assert q.job_s.basis == PROJECTED

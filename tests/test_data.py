@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tunepilot.data import TINY_DIR, DataStream, build_dataset, make_loader
+from tunepilot.dataset import TINY_DIR, DataStream, build_dataset, make_loader
 from tunepilot.errors import UserError
 from tunepilot.spec import spec_from_dict
 

@@ -12,11 +12,13 @@ import fsspec
 import pytest
 import torch
 
-import tunepilot.export as E
+import tunepilot.checkpoint.export as E
 from tunepilot.checkpoint import save_checkpoint
-from tunepilot.data import DataStream, build_dataset, make_loader
+from tunepilot.checkpoint.export import ExportError, export_run
+from tunepilot.dataset import DataStream, build_dataset, make_loader
 from tunepilot.errors import UserError
-from tunepilot.export import ExportError, export_run
+from tunepilot.results.figure import Figure
+from tunepilot.results.pilot import PilotResult, Throughput
 from tunepilot.spec import load_spec
 from tunepilot.store import RunDir
 from tunepilot.training import TrainState
@@ -30,7 +32,8 @@ def run_dir(tmp_path) -> Path:
     """A run directory as the stages leave it: manifest, a stage result, a log, a checkpoint,
     and the temporary directory of a save that was killed (which must not be exported)."""
     run = RunDir(tmp_path / "run")
-    run.write_stage("pilot", {"throughput": {"useful_tokens_per_s": 1.0}}, TINY.spec_hash())
+    run.write(PilotResult(throughput=Throughput(
+        useful_tokens_per_s=Figure.measured(1.0, "tokens/s"))), TINY.spec_hash())
     (run.logs_dir() / "pilot.log").write_text("step 1\n" * 1000)
     model = torch.nn.Linear(256, 256)
     opt = torch.optim.AdamW(model.parameters())
@@ -68,13 +71,13 @@ def test_export_verifies_every_file_and_resumes(run_dir, tmp_path):
 
     record = json.loads((run_dir / "export.json").read_text())
     for key, unit in (("bytes", "bytes"), ("seconds", "s"), ("bytes_per_s", "B/s")):
-        assert record[key]["measured"] is True and record[key]["unit"] == unit
+        assert record[key]["basis"] == "measured" and record[key]["unit"] == unit
         assert record[key]["value"] > 0
     assert record["bytes"]["value"] == sum(f.bytes for f in first.files)
-    assert "export" in RunDir(run_dir).manifest()["stages"]
+    assert "export" in RunDir(run_dir).manifest().stages
 
     second = export_run(run_dir, str(dest))  # resume: everything is already there
-    assert second.count("skipped") == len(second.files) and second.bytes_copied == 0
+    assert second.count("skipped") == len(second.files) and second.bytes_copied.value == 0
     rate = second.to_dict()["bytes_per_s"]
     assert rate["from_previous_export"] is True
     assert rate["value"] == record["bytes_per_s"]["value"]

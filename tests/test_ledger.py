@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from tunepilot import ledger as L
 from tunepilot.catalog import Inventory, load_catalog
+from tunepilot.cost.terms import parse_options, term_cost
 from tunepilot.errors import TunepilotError, UserError
-from tunepilot.pricing import parse_options, term_cost
 
 CAT = load_catalog()
 H200 = CAT.get("h200")  # 8 in inventory; full refund >= 72 h ahead, 25% later, 0% after start
@@ -62,7 +62,7 @@ def test_a_version_1_database_is_migrated_in_place(tmp_path):
     path = tmp_path / "old.sqlite3"
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN")
-    L._m1_initial(conn)
+    L.db._m1_initial(conn)
     conn.execute("INSERT INTO schema_migrations VALUES (1, 'initial', '2029-01-01T00:00:00Z')")
     conn.execute("PRAGMA user_version = 1")
     conn.execute("COMMIT")

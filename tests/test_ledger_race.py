@@ -15,7 +15,7 @@ import pytest
 
 from tunepilot import ledger as L
 from tunepilot.catalog import load_catalog
-from tunepilot.pricing import term_cost
+from tunepilot.cost.terms import term_cost
 
 NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
 T0 = int(NOW.timestamp())

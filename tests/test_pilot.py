@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tunepilot.cli import main
-from tunepilot.data import TINY_DIR
+from tunepilot.dataset import TINY_DIR
 from tunepilot.errors import UserError
 from tunepilot.memory.calibration import load_calibration, make_calibrated_plan
 from tunepilot.memory.plan import make_plan
@@ -44,7 +44,7 @@ def cli(*args: str) -> int:
 def figures(node, path=""):
     """Every figure dict in a result, with where it is."""
     if isinstance(node, dict):
-        if "unit" in node and "measured" in node and "value" in node:
+        if "unit" in node and "basis" in node and "value" in node:
             yield path, node
         for k, v in node.items():
             yield from figures(v, f"{path}.{k}")
@@ -63,11 +63,11 @@ def tiny_run(tmp_path_factory):
 def test_tiny_pilot_fits_and_fills_every_field(tiny_run):
     res, out = tiny_run
     d = json.loads((out / "pilot.json").read_text())
-    assert d == res.data and d["fits"] is True
+    assert d == res.to_dict() and d["fits"] is True
     assert d["verdict"] == "fits at micro_batch=4, seq=128"
     for a, b in COST_KEYS:  # what the cost stage reads
         f = d[a][b]
-        assert f["measured"] is True and f["value"] > 0 and f["unit"], (a, b)
+        assert f["basis"] == "measured" and f["value"] > 0 and f["unit"], (a, b)
     assert d["device"] == {"kind": "cpu", "name": d["device"]["name"], "card_id": None,
                            "count": 1, "memory": d["device"]["memory"]}
     assert d["steps"]["measured"]["value"] == 3 and d["steps"]["stopped_because"] == "fixed"
@@ -76,16 +76,17 @@ def test_tiny_pilot_fits_and_fills_every_field(tiny_run):
         st["max_s"]["value"]
     assert d["throughput"]["useful_tokens_per_s"]["value"] < \
         d["throughput"]["padded_tokens_per_s"]["value"]  # the shift drops one target per row
-    # every figure: measured with a value, or unavailable with a reason, or a projected plan number
+    # every figure: measured with a value, or not measured with a reason, or a projected plan
+    # number with its rule
     for where, f in figures(d):
-        if f["measured"]:
+        if f["basis"] == "measured":
             assert f["value"] is not None, where
         else:
-            assert f.get("unavailable") or f.get("projection"), where
-    # GPU-only figures are marked unavailable, not faked
-    assert d["memory"]["allocator"]["peak_allocated_bytes"]["unavailable"]
-    assert d["memory"]["device"]["peak_bytes"]["unavailable"]
-    assert "CPU" in d["mfu"]["unavailable"]
+            assert f["how"], where
+    # GPU-only figures are marked not measured, not faked
+    assert d["memory"]["allocator"]["peak_allocated_bytes"]["basis"] == "not measured"
+    assert d["memory"]["device"]["peak_bytes"]["how"]
+    assert "CPU" in d["mfu"]["how"] and d["mfu"]["basis"] == "not measured"
     assert d["memory"]["process"]["peak_rss_bytes"]["value"] > 0
     # the plan's exact counts match what the step really holds (tiny, fp32, AdamW)
     comps = d["plan_vs_measured"]["components"]
@@ -121,8 +122,8 @@ def test_calibrated_plan_applies_the_measured_ratios(tiny_run):
     base = make_plan(spec, card_ids=["h100"])
     plan = make_calibrated_plan(spec, out, card_ids=["h100"])
     assert plan.fidelity == "analytic+calibrated"
-    assert plan.per_device["activations_bytes"] == pytest.approx(
-        base.per_device["activations_bytes"] * cal.ratios["activations"], abs=2)
+    assert plan.per_device.activations_bytes == pytest.approx(
+        base.per_device.activations_bytes * cal.ratios["activations"], abs=2)
     assert any("calibrated by the pilot" in a for a in plan.assumptions)
 
 
@@ -135,7 +136,7 @@ def test_longest_batch_and_truncation(tmp_path):
                            "data": {"source": "jsonl", "path": str(data),
                                     "tokenizer": str(TINY_DIR / "tokenizer")},
                            "validation": {"num_batches": 1}})
-    d = run_pilot(spec, tmp_path / "run", PilotOptions(steps=1)).data
+    d = run_pilot(spec, tmp_path / "run", PilotOptions(steps=1)).to_dict()
     lb = d["data"]["longest_batch"]
     # the two longest samples (40 and 25 words, both past 16 tokens) -> truncated to 16 tokens
     assert lb["micro_batch_size"] == 2 and lb["sequence_length"] == 16
@@ -156,9 +157,10 @@ def test_out_of_memory_is_a_result_not_a_crash(tmp_path, capsys):
     assert dnf["simulated"] is True and "warm-up step 1" in dnf["phase"]
     assert dnf["live_tensor_bytes_at_oom"] > 8_000_000
     assert d["memory"]["tracked"]["peak_bytes"]["value"] > 8_000_000  # the last numbers
-    assert d["timings"]["model_load_s"]["measured"] is True
-    assert d["throughput"]["useful_tokens_per_s"]["value"] is None  # unavailable, with a reason
-    assert d["throughput"]["useful_tokens_per_s"]["unavailable"]
+    assert d["timings"]["model_load_s"]["basis"] == "measured"
+    assert d["throughput"]["useful_tokens_per_s"]["value"] is None  # not measured, with a reason
+    assert d["throughput"]["useful_tokens_per_s"]["basis"] == "not measured"
+    assert d["throughput"]["useful_tokens_per_s"]["how"]
     assert json.loads((out / "pilot.json").read_text())["fits"] is False
 
 
@@ -166,7 +168,7 @@ def test_find_max_batch_under_a_memory_limit(tmp_path):
     res = run_pilot(load_spec(TINY), tmp_path / "fmb",
                     PilotOptions(steps=1, memory_limit_bytes=16 * 2**20, find_max_batch=True))
     assert res.fits
-    s = res.data["find_max_batch"]
+    s = res.to_dict()["find_max_batch"]
     best = s["max_micro_batch"]["value"]
     assert 4 <= best < 64
     tries = s["tries"]

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
+from tunepilot.device import MemorySampler, card_id_for_device_name
 from tunepilot.errors import UserError
-from tunepilot.pilot.device import MemorySampler, card_id_for_device_name
-from tunepilot.pilot.memtrack import TensorMemoryTracker, parse_bytes, tensor_bytes
+from tunepilot.memory.tracker import StorageTracker, tensor_bytes
 from tunepilot.pilot.provenance import git_state, relevant_env
 from tunepilot.pilot.stats import (
     StopRule,
@@ -20,7 +20,8 @@ from tunepilot.pilot.stats import (
     summarize,
     t975,
 )
-from tunepilot.pilot.steps import largest_passing
+from tunepilot.search import largest_passing
+from tunepilot.units import parse_bytes
 
 # --- statistics ------------------------------------------------------------------------------
 
@@ -142,7 +143,7 @@ def test_device_name_to_catalog_card(name, memory, card):
 
 
 def test_tracker_counts_storages_once_and_frees_them():
-    tr = TensorMemoryTracker("cpu")
+    tr = StorageTracker(1, device_type="cpu")
     with tr:
         a = torch.empty(1024, dtype=torch.float32)  # 4 KiB
         v = a.view(32, 32)  # a view: no new storage
@@ -156,7 +157,7 @@ def test_tracker_counts_storages_once_and_frees_them():
 
 
 def test_tracker_limit_raises_the_allocators_error():
-    tr = TensorMemoryTracker("cpu", limit_bytes=10_000)
+    tr = StorageTracker(1, limit_bytes=10_000, device_type="cpu")
     keep = torch.zeros(1000)  # made outside: adopted
     assert tr.adopt([keep]) == 4000
     with tr, pytest.raises(torch.OutOfMemoryError, match="simulated device memory limit"):

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from tunepilot.arch import Arch, load_preset, param_counts
 from tunepilot.catalog import load_catalog
 from tunepilot.memory.analytic import CHUNKED_LOSS_TOKENS, analytic_plan
 from tunepilot.memory.plan import make_plan
+from tunepilot.model.arch import Arch, load_preset, param_counts
 from tunepilot.spec import spec_from_dict
 
 GIB = 2**30
@@ -39,13 +39,13 @@ def test_7b_full_adamw_bf16_mixed_is_16_bytes_per_param_of_model_states():
     assert b["optimizer_per_trainable_param"] == 8  # exp_avg + exp_avg_sq in fp32
     assert b["model_states_per_param"] == pytest.approx(16)
     d = p.per_device
-    assert d["master_weights_bytes"] + d["gradients_bytes"] + d["optimizer_bytes"] == 16 * n
+    assert d.master_weights_bytes + d.gradients_bytes + d.optimizer_bytes == 16 * n
 
 
 def test_bf16_true_full_keeps_states_in_bf16():
     p = analytic_plan(spec(precision="bf16-true"), arch())
     assert p.bytes_per_param["model_states_per_param"] == pytest.approx(8)  # 2 + 2 + 2*2
-    assert p.per_device["master_weights_bytes"] == 0
+    assert p.per_device.master_weights_bytes == 0
 
 
 def test_lora_trainable_count_is_r_times_in_plus_out_per_target():
@@ -55,9 +55,9 @@ def test_lora_trainable_count_is_r_times_in_plus_out_per_target():
     assert p.params.trainable == 8 * (4096 + 4096) * 2 * 32 == 4_194_304
     assert p.params.frozen == 6_738_415_616
     # frozen base in bf16, adapters fp32 with fp32 grads and AdamW: 16 B per trainable param
-    assert p.per_device["weights_bytes"] == 2 * 6_738_415_616
-    assert p.per_device["gradients_bytes"] + p.per_device["master_weights_bytes"] + \
-        p.per_device["optimizer_bytes"] == 16 * 4_194_304
+    assert p.per_device.weights_bytes == 2 * 6_738_415_616
+    assert p.per_device.gradients_bytes + p.per_device.master_weights_bytes + \
+        p.per_device.optimizer_bytes == 16 * 4_194_304
 
 
 def test_qlora_base_is_nf4_plus_absmax():
@@ -66,7 +66,7 @@ def test_qlora_base_is_nf4_plus_absmax():
     a = arch()
     linear = 32 * 4096 * (4 * 4096 + 3 * 11008)  # q,k,v,o + gate,up,down per layer
     rest = param_counts(a).total - linear  # embeddings, norms, lm_head in bf16
-    assert p.per_device["weights_bytes"] == int(linear * (0.5 + 4 / 64)) + 2 * rest + \
+    assert p.per_device.weights_bytes == int(linear * (0.5 + 4 / 64)) + 2 * rest + \
         4 * 4_194_304  # + fp32 adapters (PEFT), counted with weights under bf16-true
 
 
@@ -83,11 +83,11 @@ def test_activations_per_token_match_the_derivation_for_bf16_true():
 
 def test_activations_scale_linearly_with_tokens_and_checkpointing_cuts_them():
     a = arch()
-    one = analytic_plan(spec(), a).per_device["activations_bytes"]
-    two = analytic_plan(spec(micro_batch_size=2), a).per_device["activations_bytes"]
-    full = analytic_plan(spec(activation_checkpointing="full"), a).per_device["activations_bytes"]
+    one = analytic_plan(spec(), a).per_device.activations_bytes
+    two = analytic_plan(spec(micro_batch_size=2), a).per_device.activations_bytes
+    full = analytic_plan(spec(activation_checkpointing="full"), a).per_device.activations_bytes
     sel = analytic_plan(spec(activation_checkpointing="selective"), a
-                        ).per_device["activations_bytes"]
+                        ).per_device.activations_bytes
     casts = 2 * (6_738_415_616 - 2 * 32000 * 4096 - 65 * 4096 + 32000 * 4096)
     assert two - casts == pytest.approx(2 * (one - casts), rel=1e-9)
     assert full < sel < one
@@ -108,11 +108,11 @@ def test_chunked_loss_bounds_the_logits_term():
 def test_peak_is_the_largest_phase_not_a_sum_of_maxima():
     p = analytic_plan(spec(activation_checkpointing="full"), arch())
     d = p.per_device
-    assert d["allocated_peak_bytes"] == max(ph.total_bytes for ph in p.phases)
-    components = sum(d[k] for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes",
+    assert d.allocated_peak_bytes == max(ph.total_bytes for ph in p.phases)
+    components = sum(getattr(d, k) for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes",
                                     "optimizer_bytes", "activations_bytes", "temporary_bytes"))
-    assert d["allocated_peak_bytes"] < components
-    assert d["allocated_peak_bytes"] <= d["reserved_peak_bytes"] < d["device_peak_bytes"]
+    assert d.allocated_peak_bytes < components
+    assert d.allocated_peak_bytes <= d.reserved_peak_bytes < d.device_peak_bytes
 
 
 def test_foreach_adamw_temporary_sets_the_peak_and_fused_does_not():
@@ -122,7 +122,7 @@ def test_foreach_adamw_temporary_sets_the_peak_and_fused_does_not():
     fused = analytic_plan(spec(activation_checkpointing="full",
                                optimizer={"name": "adamw", "impl": "fused"}), a)
     assert foreach.peak_phase == "optimizer-step"
-    assert foreach.per_device["allocated_peak_bytes"] - fused.per_device["allocated_peak_bytes"] \
+    assert foreach.per_device.allocated_peak_bytes - fused.per_device.allocated_peak_bytes \
         >= 4 * 6_738_415_616 - 4 * 2**30
 
 
@@ -132,8 +132,8 @@ def test_fsdp_shards_model_states_by_world_size():
     a = arch()
     p1, p8 = analytic_plan(s1, a), analytic_plan(s8, a)
     for k in ("master_weights_bytes", "gradients_bytes", "optimizer_bytes"):
-        assert p8.per_device[k] == p1.per_device[k] // 8
-    assert p8.per_device["runtime_overhead_bytes"] > p1.per_device["runtime_overhead_bytes"]
+        assert getattr(p8.per_device, k) == getattr(p1.per_device, k) // 8
+    assert p8.per_device.runtime_overhead_bytes > p1.per_device.runtime_overhead_bytes
 
 
 def test_ddp_adds_gradient_buckets_and_does_not_shard():
@@ -141,8 +141,8 @@ def test_ddp_adds_gradient_buckets_and_does_not_shard():
     ddp = s.with_changes(parallel={"strategy": "ddp", "devices": 4})
     a = arch()
     p, q = analytic_plan(s, a), analytic_plan(ddp, a)
-    assert q.per_device["weights_bytes"] == p.per_device["weights_bytes"]
-    assert q.per_device["collective_buffers_bytes"] == p.per_device["gradients_bytes"]
+    assert q.per_device.weights_bytes == p.per_device.weights_bytes
+    assert q.per_device.collective_buffers_bytes == p.per_device.gradients_bytes
 
 
 def test_gradient_accumulation_keeps_gradients_alive_through_later_forwards():
@@ -157,15 +157,15 @@ def test_fit_table_covers_the_four_cards_and_inverse_queries_are_consistent():
                         "precision": "bf16-mixed", "sequence_length": 2048,
                         "micro_batch_size": 1, "activation_checkpointing": "full"})
     plan = make_plan(s)
-    assert [r["card"] for r in plan.cards] == ["a100-sxm-80gb", "h100-sxm-80gb",
+    assert [r.card for r in plan.cards] == ["a100-sxm-80gb", "h100-sxm-80gb",
                                                "h200-sxm-141gb", "mi300x-192gb"]
     for row in plan.cards:
-        assert row["fits"]
-        assert row["devices_needed"] == {"ddp": 1, "fsdp": 1}
-        assert row["max_micro_batch"] >= 1 and row["max_sequence_length"] >= 2048
-        bigger = s.with_changes(micro_batch_size=row["max_micro_batch"] + 1)
-        over = make_plan(bigger, card_ids=[row["card"]]).cards[0]
-        assert not over["fits"]
+        assert row.fits
+        assert row.devices_needed.model_dump() == {"ddp": 1, "fsdp": 1}
+        assert row.max_micro_batch >= 1 and row.max_sequence_length >= 2048
+        bigger = s.with_changes(micro_batch_size=row.max_micro_batch + 1)
+        over = make_plan(bigger, card_ids=[row.card]).cards[0]
+        assert not over.fits
 
 
 def test_70b_full_needs_fsdp_across_cards():
@@ -174,9 +174,9 @@ def test_70b_full_needs_fsdp_across_cards():
                         "activation_checkpointing": "full"})
     plan = make_plan(s, card_ids=["h100"])
     row = plan.cards[0]
-    assert not row["fits"] and row["devices_needed"]["ddp"] is None
+    assert not row.fits and row.devices_needed.ddp is None
     # 16 B/param of model states for 70.6e9 params = 1.13 TB: at least 16 cards of 85 GB
-    assert row["devices_needed"]["fsdp"] >= 16
+    assert row.devices_needed.fsdp >= 16
 
 
 def test_plan_does_not_import_torch_and_json_has_the_contract_keys(tmp_path):
@@ -213,4 +213,4 @@ def test_user_catalog_card_is_fitted(tmp_path):
     cat.write_text(yaml.safe_dump({"cards": [base]}))
     plan = make_plan(spec(method={"kind": "lora"}), catalog=load_catalog(cat),
                      card_ids=["h100nvl"])
-    assert plan.cards[0]["capacity_bytes"] == 94 * 10**9
+    assert plan.cards[0].capacity_bytes == 94 * 10**9

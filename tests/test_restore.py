@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import tunepilot.restore as R
 from tunepilot.errors import UserError
+from tunepilot.restore import proof as R
+from tunepilot.restore.worker import load_hook
 from tunepilot.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,13 +30,14 @@ ALL = ["checksums", "model", "optimizer", "scheduler", "rng", "data_position", "
 RUNS = {"tiny": (TINY, 3, 3), "lora": (LORA, 3, 3), "text": (TEXT, 4, 3)}  # (spec, K, M)
 CLEAN = ("lora", "text")  # runs whose unbroken proof must pass
 # fault -> (run, the component that must be named first, others that must fail too)
+HOOKS = "support.restore_faults:"  # tests/support: each hook breaks one component on purpose
 FAULTS: dict[str, tuple[str, str, set[str]]] = {
-    "drop-rng": ("lora", "rng", {"loss"}),  # dropout: a wrong RNG changes the losses too
-    "drop-data-position": ("tiny", "data_position", {"batches", "loss"}),
-    "reset-scheduler": ("tiny", "scheduler", {"lr", "loss"}),
-    "perturb-optimizer": ("tiny", "optimizer", set()),  # one ULP of one element
-    "truncate-file:model": ("tiny", "checksums", {"model"}),
-    "flip-byte:optimizer": ("tiny", "checksums", {"optimizer"}),
+    HOOKS + "DROP_RNG": ("lora", "rng", {"loss"}),  # dropout: a wrong RNG changes the losses too
+    HOOKS + "DROP_DATA_POSITION": ("tiny", "data_position", {"batches", "loss"}),
+    HOOKS + "RESET_SCHEDULER": ("tiny", "scheduler", {"lr", "loss"}),
+    HOOKS + "PERTURB_OPTIMIZER": ("tiny", "optimizer", set()),  # one ULP of one element
+    HOOKS + "TRUNCATE_MODEL": ("tiny", "checksums", {"model"}),
+    HOOKS + "FLIP_OPTIMIZER": ("tiny", "checksums", {"optimizer"}),
 }
 
 
@@ -50,7 +52,7 @@ def broken(tmp_path_factory):
     originals = {}
     for name, (spec, k, m) in RUNS.items():
         run_dir = tmp_path_factory.mktemp(spec.label)
-        originals[name] = (run_dir, R._run_original(spec, k, m, run_dir, None, "cpu"))
+        originals[name] = (run_dir, R.run_original(spec, k, m, run_dir, None, "cpu"))
 
     def one(case: tuple[str | None, str]):
         fault, run = case
@@ -59,8 +61,10 @@ def broken(tmp_path_factory):
         shutil.copytree(run_dir, mine, dirs_exist_ok=True)  # each fault damages its own copy
         original = dict(original, checkpoint=original["checkpoint"].replace(str(run_dir),
                                                                             str(mine)))
-        R._damage_files(Path(original["checkpoint"]), fault)
-        return R._verdict(original, R._run_fresh(original, mine, fault), fault)
+        hook = load_hook(fault)
+        if hasattr(hook, "after_save"):
+            hook.after_save(Path(original["checkpoint"]))
+        return R.verdict(original, R.run_fresh(original, mine, fault), fault)
 
     cases = [(fault, run) for fault, (run, _, _) in FAULTS.items()] + [(None, r) for r in CLEAN]
     with ThreadPoolExecutor(3) as pool:
@@ -76,28 +80,28 @@ def test_each_broken_component_fails_the_proof_and_is_named(broken, fault):
     assert not result.passed
     assert failed[0] == first, [(c.name, c.detail) for c in result.components]
     assert also <= set(failed)
-    assert first in R.failure_message(result)
+    assert first in result.failure_message()
     data = result.to_dict()
     assert data["passed"] is False and data["failed_components"] == failed
-    assert data["fault_injected"] == fault
+    assert data["hook"] == fault
 
 
 def test_a_damaged_file_is_named_with_its_component(broken):
-    for fault, component in (("truncate-file:model", "model"),
-                             ("flip-byte:optimizer", "optimizer")):
+    for fault, component in ((HOOKS + "TRUNCATE_MODEL", "model"),
+                             (HOOKS + "FLIP_OPTIMIZER", "optimizer")):
         checks = {c.name: c for c in broken[fault].components}
         assert f"{component}/__0_" in checks["checksums"].detail
         assert f"({component})" in checks["checksums"].detail
         assert checks[component].detail.startswith("did not load")
-        assert broken[fault].load_s is None
+        assert broken[fault].load_s.value is None
         assert broken[fault].to_dict()["load_s"]["value"] is None
 
 
 def test_divergence_names_the_first_step_and_what_diverged(broken):
-    d = broken["drop-data-position"].first_divergence
+    d = broken[HOOKS + "DROP_DATA_POSITION"].first_divergence
     assert d["step"] == 3 and d["index"] == 0 and "batches" in d["diverged"]
     assert d["original"]["fingerprints"] != d["restored"]["fingerprints"]
-    d = broken["reset-scheduler"].first_divergence
+    d = broken[HOOKS + "RESET_SCHEDULER"].first_divergence
     assert d["step"] == 3 and d["diverged"] == ["lr"]  # the first step's loss is still the same
 
 
@@ -117,7 +121,7 @@ def test_cli_restore_passes_and_writes_restore_json(tmp_path):
     assert all(c["passed"] and c["detail"] for c in printed["components"])
     saved = json.loads((out / "restore.json").read_text())
     for key, unit in (("save_s", "s"), ("load_s", "s"), ("checkpoint_bytes", "bytes")):
-        assert saved[key]["measured"] is True and saved[key]["unit"] == unit
+        assert saved[key]["basis"] == "measured" and saved[key]["unit"] == unit
         assert saved[key]["value"] > 0
     assert saved["stage"] == "restore" and saved["spec_hash"] == TINY.spec_hash()
     assert saved["loss_max_abs_diff"]["value"] == 0.0 and saved["deterministic"]["held"]
@@ -132,9 +136,11 @@ def test_cli_restore_passes_and_writes_restore_json(tmp_path):
 def test_cli_exits_1_naming_the_failed_component(broken, monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
+    import tunepilot.restore as restore_pkg
     from tunepilot.cli import app
 
-    monkeypatch.setattr(R, "verify_restore", lambda *a, **k: broken["drop-data-position"])
+    monkeypatch.setattr(restore_pkg, "verify_restore",
+                        lambda *a, **k: broken[HOOKS + "DROP_DATA_POSITION"])
     res = CliRunner().invoke(app, ["restore", str(ROOT / "examples" / "tiny.yaml"), "--out",
                                    str(tmp_path), "--json"])
     assert res.exit_code == 1
@@ -145,9 +151,10 @@ def test_cli_exits_1_naming_the_failed_component(broken, monkeypatch, tmp_path):
 def test_lora_with_dropout_and_grad_scaler_restores_exactly(broken):
     result = broken["lora"]
     assert result.passed, [(c.name, c.detail) for c in result.components if not c.passed]
-    assert result.save.kind == "lora"
+    assert result.checkpoint.kind == "lora"
     assert {c.name: c.passed for c in result.components}["grad_scaler"]
-    assert [s.loss_bits for s in result.restored] == [s.loss_bits for s in result.original]
+    assert [s.loss_bits for s in result.steps.restored] == \
+        [s.loss_bits for s in result.steps.original]
 
 
 def test_text_data_restores_across_the_end_of_an_epoch(broken):
@@ -155,8 +162,8 @@ def test_text_data_restores_across_the_end_of_an_epoch(broken):
     assert result.passed, [(c.name, c.detail) for c in result.components if not c.passed]
     checks = {c.name: c for c in result.components}
     assert "epoch 0, 256 samples in (4 batches)" in checks["data_position"].detail
-    assert [s.step for s in result.restored] == [4, 5, 6]  # all in epoch 1
-    padded = [s.useful_tokens for s in result.restored]
+    assert [s.step for s in result.steps.restored] == [4, 5, 6]  # all in epoch 1
+    padded = [s.useful_tokens for s in result.steps.restored]
     assert all(0 < n < 64 * 15 for n in padded)  # real texts: padding is not counted
 
 

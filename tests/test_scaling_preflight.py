@@ -8,7 +8,7 @@ import pytest
 
 from tunepilot.catalog import load_catalog
 from tunepilot.errors import UserError
-from tunepilot.scaling import bench, preflight, runner
+from tunepilot.scaling import analysis, bench, preflight, runner
 from tunepilot.scaling.launch import Rendezvous, torchrun_command
 from tunepilot.scaling.topology import (
     format_cpulist,
@@ -271,8 +271,8 @@ def test_global_batch_held_equal_and_indivisible_refused():
 
 
 def test_interleave_rebuilds_the_single_device_order():
-    assert runner.interleave([["a", "c", "e"], ["b", "d", "f"]]) == list("abcdef")
-    assert runner.interleave([["a"]]) == ["a"]
+    assert analysis.interleave([["a", "c", "e"], ["b", "d", "f"]]) == list("abcdef")
+    assert analysis.interleave([["a"]]) == ["a"]
 
 
 def test_torchrun_command_passes_rendezvous_through(tmp_path):
@@ -308,27 +308,28 @@ def _record(rank: int, world: int, strategy: str, wall: float, samples, losses, 
 def test_compare_and_recommend_on_made_up_records():
     spec = spec_from_dict(TINY)
     batches = runner.plan_batches(spec, 2)
-    base = runner.summarize([_record(0, 1, "single", 1.0, [list("abcd"), list("efgh")],
+    base = analysis.summarize([_record(0, 1, "single", 1.0, [list("abcd"), list("efgh")],
                                      [5.0, 4.0])])
-    ddp = runner.summarize([_record(0, 2, "ddp", 0.6, [list("ac"), list("eg")], [5.0, 4.0]),
+    ddp = analysis.summarize([_record(0, 2, "ddp", 0.6, [list("ac"), list("eg")], [5.0, 4.0]),
                             _record(1, 2, "ddp", 0.6, [list("bd"), list("fh")], [5.0, 4.0])])
-    r = runner.compare(ddp, base, batches, "fp32", 2)
-    assert r["efficiency"] == pytest.approx((100 / 0.6) / (2 * 100 / 1.0))
-    assert r["data_order_same"] and r["loss_agrees"] and r["all_ranks_reported"]
-    assert r["figures"]["efficiency"]["unit"] == "ratio" and r["figures"]["efficiency"]["measured"]
-    assert r["overhead_s_per_step"] == pytest.approx(0.6 - 0.5)
-    swapped = runner.summarize([_record(0, 2, "ddp", 0.6, [list("bd"), list("eg")], [5.0, 4.2]),
+    r = analysis.compare(ddp, base, batches, "fp32", 2)
+    assert r.efficiency == pytest.approx((100 / 0.6) / (2 * 100 / 1.0))
+    assert r.data_order_same and r.loss_agrees and r.all_ranks_reported
+    assert r.figures["efficiency"].unit == "ratio" and r.figures["efficiency"].is_measured
+    assert r.overhead_s_per_step == pytest.approx(0.6 - 0.5)
+    swapped = analysis.summarize([_record(0, 2, "ddp", 0.6, [list("bd"), list("eg")], [5.0, 4.2]),
                                 _record(1, 2, "ddp", 0.6, [list("ac"), list("fh")], [5.0, 4.2])])
-    bad = runner.compare(swapped, base, batches, "fp32", 2)
-    assert not bad["data_order_same"] and bad["data_order_first_mismatch_step"] == 0
-    assert not bad["loss_agrees"]
-    fsdp = dict(r, useful_tokens_per_s=r["useful_tokens_per_s"] * 0.98,
-                peak_memory_bytes_per_rank=50, efficiency=r["efficiency"] * 0.98)
-    rec = runner.recommend({"ddp": r, "fsdp": fsdp}, base, 2)
-    assert rec["strategy"] == "fsdp" and "less memory" in rec["reason"]
-    slow = dict(r, useful_tokens_per_s=50.0, efficiency=0.25)
-    assert runner.recommend({"ddp": slow}, base, 2)["strategy"] == "single"
-    assert runner.recommend({"ddp": bad}, base, 2)["strategy"] is None
+    bad = analysis.compare(swapped, base, batches, "fp32", 2)
+    assert not bad.data_order_same and bad.data_order_first_mismatch_step == 0
+    assert not bad.loss_agrees
+    fsdp = r.model_copy(update={"useful_tokens_per_s": r.useful_tokens_per_s * 0.98,
+                                "peak_memory_bytes_per_rank": 50,
+                                "efficiency": r.efficiency * 0.98})
+    rec = analysis.recommend({"ddp": r, "fsdp": fsdp}, base, 2)
+    assert rec.strategy == "fsdp" and "less memory" in rec.reason
+    slow = r.model_copy(update={"useful_tokens_per_s": 50.0, "efficiency": 0.25})
+    assert analysis.recommend({"ddp": slow}, base, 2).strategy == "single"
+    assert analysis.recommend({"ddp": bad}, base, 2).strategy is None
 
 
 def test_cli_refuses_an_indivisible_batch_with_exit_2_and_json():
@@ -352,7 +353,7 @@ def test_probe_node_gpu_path_with_a_simulated_two_gpu_node(monkeypatch):
 
     import torch
 
-    from tunepilot.pilot import device as pilot_device
+    from tunepilot import device as pilot_device
 
     props = [SimpleNamespace(name="NVIDIA H100 80GB HBM3", pci_bus_id=b, pci_domain_id=0,
                              pci_device_id=0) for b in (0x18, 0x2A)]

@@ -12,10 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tunepilot.child import HOOK_ENV
 from tunepilot.scaling import bench
 from tunepilot.scaling.launch import TEARDOWN_GRACE_S, LaunchError, launch
 from tunepilot.scaling.runner import scale
-from tunepilot.scaling.worker import CRASH_ENV, HANG_ENV
 from tunepilot.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_global_batch_equal_and_every_rank_reported(scaled):
     base = _ranks(out, "baseline")
     assert len(base) == 1
     g = base[0]["micro_batch_size"] * base[0]["accumulation"] * base[0]["world_size"]
-    assert g == result.global_batch["global_batch_samples"] == 4
+    assert g == result.global_batch.global_batch_samples == 4
     for s in ("ddp", "fsdp"):
         ranks = _ranks(out, s)
         assert [r["rank"] for r in ranks] == [0, 1]
@@ -90,7 +90,7 @@ def test_global_batch_equal_and_every_rank_reported(scaled):
         for r in ranks:
             assert r["micro_batch_size"] * r["accumulation"] * r["world_size"] == g
             assert r["strategy"] == s and r["backend"] == "gloo"
-        assert result.strategies[s]["all_ranks_reported"]
+        assert result.strategies[s].all_ranks_reported
 
 
 def test_same_data_order_as_the_baseline(scaled):
@@ -101,7 +101,7 @@ def test_same_data_order_as_the_baseline(scaled):
         for i, step in enumerate(base):
             union = sorted(fp for r in ranks for fp in r["steps"][i]["samples"])
             assert union == sorted(step["samples"])  # the same samples in each global batch
-        assert result.strategies[s]["data_order_same"]  # and in the single-device order
+        assert result.strategies[s].data_order_same  # and in the single-device order
         # the ranks read disjoint shards
         assert not set(ranks[0]["steps"][0]["samples"]) & set(ranks[1]["steps"][0]["samples"])
 
@@ -110,8 +110,8 @@ def test_loss_agrees_between_1_and_2_ranks(scaled):
     _, _, result, _ = scaled
     for s in ("ddp", "fsdp"):
         r = result.strategies[s]
-        assert r["loss_agrees"] and r["loss_max_abs_diff"] < 1e-4  # fp32 on CPU
-        assert len(r["loss_per_step"]["n_ranks"]) == 3
+        assert r.loss_agrees and r.loss_max_abs_diff < 1e-4  # fp32 on CPU
+        assert len(r.loss_per_step["n_ranks"]) == 3
 
 
 def test_preflight_measured_bus_bandwidth_in_a_real_launch(scaled):
@@ -123,7 +123,7 @@ def test_preflight_measured_bus_bandwidth_in_a_real_launch(scaled):
         (op, s) for op in ("all_reduce", "all_gather") for s in (2**20, 4 * 2**20)}
     for r in rows:
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * bench.bus_factor(r["op"], 2))
-    ddp_ranks = result.strategies["ddp"]["run"]["per_rank"]
+    ddp_ranks = result.strategies["ddp"].run["per_rank"]
     assert all(p["comm_inflight_s_per_step"] is not None for p in ddp_ranks)
 
 
@@ -134,17 +134,18 @@ def test_nothing_left_running_after_the_scale_test(scaled):
 
 def _worker_args(tmp: Path) -> list[str]:
     spec = load_spec(TINY)
-    f = tmp / "spec.json"
-    f.write_text(json.dumps(spec.model_dump(mode="json")))
-    return ["--spec", str(f), "--strategy", "ddp", "--micro-batch", "2", "--accumulation", "1",
-            "--global-batch", "4", "--steps", "1", "--warmup-steps", "0", "--out",
-            str(tmp / "out")]
+    job = {"spec": spec.model_dump(mode="json"), "strategy": "ddp", "micro_batch": 2,
+           "accumulation": 1, "global_batch": 4, "steps": 1, "warmup_steps": 0,
+           "device": "cpu", "threads": 1, "out": str(tmp / "out"), "base_dir": None}
+    f = tmp / "job.json"
+    f.write_text(json.dumps(job))
+    return [str(f)]
 
 
 def test_a_crashing_rank_tears_the_group_down_and_is_named(tmp_path):
     with pytest.raises(LaunchError) as e:
         launch("scale ddp", WORKER, _worker_args(tmp_path), nproc=2, log_dir=tmp_path / "logs",
-               timeout_s=120, env={CRASH_ENV: "1", "OMP_NUM_THREADS": "1"})
+               timeout_s=120, env={HOOK_ENV: "support.faults:crash_rank_1", "OMP_NUM_THREADS": "1"})
     err = e.value
     assert err.rank == 1 and not err.timed_out
     assert "rank 1" in str(err) and "fails on purpose" in str(err)  # the rank's log tail
@@ -157,7 +158,7 @@ def test_a_hanging_rank_is_torn_down_at_the_timeout(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(LaunchError) as e:
         launch("scale ddp", WORKER, _worker_args(tmp_path), nproc=2, log_dir=tmp_path / "logs",
-               timeout_s=timeout_s, env={HANG_ENV: "1", "OMP_NUM_THREADS": "1"})
+               timeout_s=timeout_s, env={HOOK_ENV: "support.faults:hang_rank_1", "OMP_NUM_THREADS": "1"})
     elapsed = time.monotonic() - t0
     err = e.value
     assert err.timed_out and err.rank == 1

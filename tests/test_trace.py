@@ -16,21 +16,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from tunepilot.catalog import load_catalog  # noqa: E402
+from tunepilot.child import HOOK_ENV  # noqa: E402
 from tunepilot.memory.analytic import analytic_plan  # noqa: E402
-from tunepilot.memory.plan import resolve_arch, resolve_model_config  # noqa: E402
-from tunepilot.memory.trace import (  # noqa: E402
-    ENV_FORCE_ABORT,
-    make_traced_plan,
-    trace_step,
-    traced_plan_from,
-)
-from tunepilot.memory.tracker import (  # noqa: E402
-    CUDA_BLOCK_BYTES,
-    CudaAutocastRules,
-    StorageTracker,
-    nf4_parts,
-    round_block,
-)
+from tunepilot.memory.standins import CudaAutocastRules, nf4_parts  # noqa: E402
+from tunepilot.memory.trace import make_traced_plan, traced_plan_from  # noqa: E402
+from tunepilot.memory.trace_step import trace_step  # noqa: E402
+from tunepilot.memory.tracker import CUDA_BLOCK_BYTES, StorageTracker, round_block  # noqa: E402
+from tunepilot.model.arch import resolve_arch, resolve_model_config  # noqa: E402
 from tunepilot.spec import spec_from_dict  # noqa: E402
 
 TINY = {"model": {"preset": "tiny"}, "sequence_length": 128, "micro_batch_size": 4,
@@ -142,15 +134,15 @@ def test_every_method_traces_with_a_consistent_breakdown(over, expect):
     assert plan.fidelity == "trace"
     d = plan.per_device
     peak = next(p for p in plan.phases if p.name == plan.peak_phase)
-    assert peak.total_bytes == d["allocated_peak_bytes"] > 0
-    assert d["device_peak_bytes"] > d["reserved_peak_bytes"] > d["allocated_peak_bytes"]
-    assert d["gradients_bytes"] > 0 and d["optimizer_bytes"] > 0
+    assert peak.total_bytes == d.allocated_peak_bytes > 0
+    assert d.device_peak_bytes > d.reserved_peak_bytes > d.allocated_peak_bytes
+    assert d.gradients_bytes > 0 and d.optimizer_bytes > 0
     if expect == "NF4":
         assert any("NF4" in a for a in plan.assumptions)
         # the quantized linears count at ~0.5 B/param (+ absmax, each part in 512-B blocks)
-        assert d["weights_bytes"] < 2 * plan.params.frozen * 0.75
+        assert d.weights_bytes < 2 * plan.params.frozen * 0.75
     else:
-        assert d[f"{expect}_bytes"] > 0
+        assert getattr(d, f"{expect}_bytes") > 0
     assert "sdpa-flash" in plan.trace["attention_path"]
 
 
@@ -166,10 +158,10 @@ def test_ddp_adds_buckets_and_fsdp_shards_per_rank():
     raw = traced(base)
     single = plan_of(base, raw)
     ddp = plan_of(base.with_changes(parallel={"strategy": "ddp", "devices": 2}), raw)
-    assert ddp.per_device["collective_buffers_bytes"] == pytest.approx(
-        single.per_device["gradients_bytes"], rel=0.01)
+    assert ddp.per_device.collective_buffers_bytes == pytest.approx(
+        single.per_device.gradients_bytes, rel=0.01)
     fsdp = plan_of(base.with_changes(parallel={"strategy": "fsdp", "devices": 4}), raw)
-    w1, w4 = single.per_device["master_weights_bytes"], fsdp.per_device["master_weights_bytes"]
+    w1, w4 = single.per_device.master_weights_bytes, fsdp.per_device.master_weights_bytes
     assert w1 / 4 <= w4 <= w1 / 4 * 1.02  # 1/4 per rank plus FSDP2's dim-0 padding
     assert any("derived from the single-device trace" in a for a in fsdp.assumptions)
 
@@ -190,12 +182,12 @@ def test_fsdp_accumulation_keeps_gradients_sharded():
 
 
 def test_an_abort_in_the_child_falls_back_to_the_analytic_plan(monkeypatch):
-    monkeypatch.setenv(ENV_FORCE_ABORT, "1")
+    monkeypatch.setenv(HOOK_ENV, "support.faults:abort")
     plan = make_traced_plan(tiny(method={"kind": "full"}), card_ids=["h100"])
     assert plan.fidelity == "analytic" and plan.trace["status"] == "fallback"
     assert "SIGABRT" in plan.trace["fallback_reason"]
     assert plan.assumptions[0].startswith("trace failed")
-    assert plan.cards and plan.cards[0]["card"] == load_catalog().get("h100").id
+    assert plan.cards and plan.cards[0].card == load_catalog().get("h100").id
 
 
 def test_an_error_in_the_child_falls_back_with_the_reason():

@@ -1,6 +1,6 @@
 """The accelerator catalog: cards, their datasheet numbers, and (example) rental prices.
 
-The numbers live in ``data/catalog.yaml``, each with ``source`` and ``as_of``; this module only
+The numbers live in ``resources/catalog.yaml``, each with ``source`` and ``as_of``; this module only
 reads and checks them. A user catalog (``--catalog FILE``) wins: a card there whose id or alias
 names a shipped card replaces the top-level keys it gives (``pricing:`` replaces the whole pricing
 block), a new id is added, and ``replace: true`` replaces the shipped catalog entirely.
@@ -30,8 +30,9 @@ from pydantic import (
 )
 
 from tunepilot.errors import UserError
+from tunepilot.resources import CATALOG_YAML
 
-DEFAULT_CATALOG_PATH = Path(__file__).parent / "data" / "catalog.yaml"
+DEFAULT_CATALOG_PATH = CATALOG_YAML
 SCHEMA_VERSION = 1
 PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
 _MEMORY_TOLERANCE = 0.10  # memory_bytes may differ from memory_gb x 10^9 by this fraction
@@ -258,25 +259,27 @@ class Catalog(_Model):
         """The files this catalog was read from, shipped first."""
         return self._paths
 
+    def select(self, card_ids: list[str] | None) -> list[Card]:
+        """The cards named (each looked up with ``get``), or every card when none is named."""
+        return [self.get(c) for c in card_ids] if card_ids else list(self.cards)
+
     def get(self, card_id: str) -> Card:
-        """The card named ``card_id``: its id or an alias in any case and punctuation
-        (``H100-SXM-80GB`` == ``h100`` == ``H100_SXM``), or a prefix of just one card's names."""
+        """The card named ``card_id``: its id or a declared alias, in any case and punctuation
+        (``H100-SXM-80GB`` == ``h100-sxm-80gb``, ``H100_SXM`` == alias ``h100-sxm``). Nothing
+        else: H20 and A10 are other GPUs than H200 and A100, so a prefix is not a match."""
         key = normalise_card_name(card_id)
         known = f"known cards: {', '.join(card.id for card in self.cards)}."
         if not key:
             raise UserError("card", "no card name given.", "K" + known[1:])
         if key in self._index:
             return self._index[key]
-        matches = {card.id: card for name, card in self._index.items() if name.startswith(key)}
-        if len(matches) == 1:
-            return next(iter(matches.values()))
-        if matches:
-            raise UserError("card", f"{card_id!r} could be any of {', '.join(matches)}.",
-                            "Give more of the name.")
         close = difflib.get_close_matches(key, list(self._index), n=3, cutoff=0.6)
+        close += [name for name in self._index if name.startswith(key) and name not in close]
         guesses = list(dict.fromkeys(self._index[name].id for name in close))
         hint = f"Did you mean {' or '.join(guesses)}? {known}" if guesses else "K" + known[1:]
-        raise UserError("card", f"unknown card {card_id!r}.", hint)
+        raise UserError("card", f"unknown card {_short(card_id)!r} (not a card id or alias of "
+                        "this catalog).", hint + " A card of another catalog: add it with "
+                        "--catalog FILE.")
 
 
 class _UserCatalogFile(_Model):
@@ -332,6 +335,47 @@ def _overlay(shipped: Catalog, user: _UserCatalogFile, path: Path) -> Catalog:
         cards[position[target.id]] = _validate(Card, merged, path, ("cards", i))
     return _validate(Catalog, {"schema_version": SCHEMA_VERSION, "as_of": user.as_of or shipped.as_of,
                                "note": user.note or shipped.note, "cards": cards}, path)
+
+
+STALE_AFTER_DAYS = 30
+
+
+def catalog_age_days(catalog: Catalog, today: date | None = None) -> int | None:
+    """Days since the catalog's as_of (a date, or a YYYY-MM month: its first day)."""
+    when = _parse_as_of(catalog.as_of)
+    if when is None:
+        return None
+    return ((today or date.today()) - when).days
+
+
+def _parse_as_of(text: str | None) -> date | None:
+    if not text:
+        return None
+    for fmt_len, suffix in ((10, ""), (7, "-01")):
+        try:
+            return date.fromisoformat(str(text)[:fmt_len] + suffix)
+        except ValueError:
+            continue
+    return None
+
+
+def warn_if_stale(catalog: Catalog, today: date | None = None, stream=None) -> str | None:
+    """A warning on stderr when the catalog in use is older than STALE_AFTER_DAYS; prices
+    move. Returns the warning."""
+    import sys
+
+    age = catalog_age_days(catalog, today)
+    if age is None or age <= STALE_AFTER_DAYS:
+        return None
+    text = (f"warning: the catalog's prices are {age} days old (as_of {catalog.as_of}): prices "
+            "move; import current ones with `tunepilot catalog import` or pass --catalog")
+    (stream or sys.stderr).write(text + "\n")
+    return text
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

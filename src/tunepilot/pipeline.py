@@ -1,54 +1,39 @@
 """The staged pilot: plan -> pilot -> restore -> scale -> quote, each stage a gate for the next.
 
-A failed gate stops the pipeline with its reason (exit 1 at the CLI). Re-running the same spec
-into the same run directory reuses the stages already completed for the same spec hash unless
-`force` is set. The last line is the decision: what to book and what it costs, or why not yet.
+The stages are a table: each has a name, the result type it writes, how it runs, whether it is
+needed here, and its gate (a verdict with a one-line summary). Reuse is written once: a stage
+completed in the same run directory for the same spec hash (and, for restore, whose checkpoint
+still verifies) is read back instead of run, unless `force`. A failed gate stops the pipeline
+with its reason (exit 1 at the CLI). The last line is the decision: what to book and what it
+costs, or why not yet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from decimal import Decimal
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.errors import TunepilotError, UserError
-from tunepilot.figures import value_of
+from tunepilot.results.base import StageResult
+from tunepilot.results.decision import Decision, Gate
+from tunepilot.results.pilot import PilotResult
+from tunepilot.results.plan import MemoryPlan
+from tunepilot.results.quote import Comparison, Quote
+from tunepilot.results.restore import RestoreResult
+from tunepilot.results.scale import ScalingResult
 from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir
+from tunepilot.units import fmt_bytes, fmt_hours, fmt_rate, fmt_usd
 
 Say = Callable[[str], None]
-
-
-@dataclass
-class Gate:
-    """One stage's verdict: passed | failed | skipped (not needed here) | reused (earlier run)."""
-
-    stage: str
-    status: str
-    summary: str
-    reused: bool = False
-
-
-@dataclass
-class PipelineResult:
-    run_dir: str
-    spec_label: str
-    spec_hash: str
-    ready: bool
-    decision: str
-    gates: list[Gate] = field(default_factory=list)
-    quote: dict | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class GateFailed(TunepilotError):
     """A stage's gate failed; the pipeline stopped there."""
 
-    def __init__(self, result: PipelineResult):
+    def __init__(self, result: Decision):
         self.result = result
         super().__init__(result.decision)
 
@@ -66,193 +51,290 @@ class RunOptions:
     restore_steps: tuple[int, int] = (3, 3)
     scale_steps: int = 4
     trace: bool = True
+    check_memory: bool = True
     base_dir: Path | None = None
     catalog: Catalog | None = None
 
 
-def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = None,
-                 say: Say | None = None) -> PipelineResult:
-    """Run every stage into `out`; raise GateFailed (with the result) at the first failed gate."""
-    o = options or RunOptions()
-    say = say or (lambda _m: None)
-    catalog = o.catalog or load_catalog()
-    run = RunDir(out)
-    h = spec.spec_hash()
-    run.check_spec(h)
-    result = PipelineResult(str(run.path), spec.label, h, ready=False, decision="")
-    run.update_manifest(spec_hash=h, spec=spec.model_dump(mode="json"), label=spec.label)
+@dataclass
+class Ctx:
+    """What every stage of one staged pilot shares."""
 
-    def reuse(stage: str) -> dict | None:
-        if not o.force and run.stage_done(stage, h):
-            say(f"{stage}: reusing {run.file(stage)} (same spec hash; --force re-runs it)")
-            return run.read(stage)
-        return None
+    spec: RunSpec
+    run: RunDir
+    options: RunOptions
+    catalog: Catalog
+    say: Say
+    results: dict[str, StageResult] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
-    def stop(stage: str, reason: str) -> None:
-        result.decision = f"Not ready: {stage} failed - {reason} See {run.path}/{stage}.json."
-        _write(run, result)
-        raise GateFailed(result)
+    @property
+    def spec_hash(self) -> str:
+        return self.spec.spec_hash()
 
-    # 1. plan ---------------------------------------------------------------------------------
-    plan = reuse("plan")
-    reused = plan is not None
-    if plan is None:
-        say("plan: tracing the training step on fake tensors (falls back to analytic)"
-            if o.trace else "plan: analytic")
-        plan = _plan(spec, catalog, o)
-        run.write_stage("plan", plan, h)
-    fitting = [c["card"] for c in plan["cards"] if c["fits"]]
-    fsdp = {c["card"]: c["devices_needed"]["fsdp"] for c in plan["cards"]}
-    peak = plan["per_device"]["device_peak_bytes"] / 2**30
+    @property
+    def nproc(self) -> int:
+        return self.options.nproc or _device_count()
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    result: type[StageResult]
+    run: Callable[[Ctx], StageResult]
+    gate: Callable[[Ctx, StageResult], Gate]
+    needed: Callable[[Ctx], str | None] = lambda _ctx: None
+    """None when the stage runs here, else why it is skipped"""
+    reusable: Callable[[Ctx, StageResult], str | None] = lambda _ctx, _r: None
+    """None when a completed result may be reused, else why it is run again"""
+
+
+def _passed(stage: str, summary: str) -> Gate:
+    return Gate(stage=stage, status="passed", summary=summary)
+
+
+def _failed(stage: str, summary: str) -> Gate:
+    return Gate(stage=stage, status="failed", summary=summary)
+
+
+# --- 1. plan -----------------------------------------------------------------------------------
+
+
+def _run_plan(c: Ctx) -> MemoryPlan:
+    from tunepilot.memory.plan import make_plan
+    from tunepilot.memory.trace import make_traced_plan
+
+    if c.options.trace:
+        c.say("plan: tracing the training step on fake tensors (falls back to analytic)")
+        return make_traced_plan(c.spec, catalog=c.catalog, base_dir=c.options.base_dir)
+    c.say("plan: analytic")
+    return make_plan(c.spec, catalog=c.catalog, base_dir=c.options.base_dir)
+
+
+def _gate_plan(c: Ctx, plan: MemoryPlan) -> Gate:
+    fitting = [row.card for row in plan.cards if row.fits]
+    fsdp = {row.card: row.devices_needed.fsdp for row in plan.cards}
+    peak = fmt_bytes(plan.per_device.device_peak_bytes)
     if not fitting and not any(fsdp.values()):
-        result.gates.append(Gate("plan", "failed", f"{plan['fidelity']} plan: device peak "
-                                 f"{peak:.1f} GiB (projected) fits no card even with FSDP", reused))
-        stop("plan", "the run fits no card of the catalog.")
+        return _failed("plan", f"{plan.fidelity} plan: device peak {peak} (projected) fits no "
+                               "card even with FSDP")
     where = ", ".join(fitting) if fitting else "FSDP only: " + ", ".join(
         f"{k} x{v}" for k, v in fsdp.items() if v)
-    result.gates.append(Gate("plan", "passed", f"{plan['fidelity']} plan: device peak "
-                             f"{peak:.2f} GiB (projected); fits {where}", reused))
+    return _passed("plan", f"{plan.fidelity} plan: device peak {peak} (projected); fits {where}")
 
-    # 2. pilot --------------------------------------------------------------------------------
-    pilot = None if o.memory_limit_bytes else reuse("pilot")
-    reused = pilot is not None
-    if pilot is None:
-        from tunepilot.pilot.runner import PilotOptions, run_pilot
 
-        say("pilot: real training steps on this machine's device, longest batch first")
-        pr = run_pilot(spec, run.path, PilotOptions(
-            steps=o.pilot_steps, max_steps=o.pilot_max_steps,
-            memory_limit_bytes=o.memory_limit_bytes, base_dir=o.base_dir, catalog=catalog),
-            progress=lambda what, i, n: None)
-        pilot = pr.data
-    if not pilot.get("fits"):
-        why = pilot.get("verdict") or pilot.get("does_not_fit") or "full steps did not complete"
-        result.gates.append(Gate("pilot", "failed", str(why), reused))
-        stop("pilot", f"{why}.")
-    tps = value_of(pilot.get("throughput", {}).get("useful_tokens_per_s"))
-    dev = pilot.get("device", {})
-    rate = "throughput not measured" if tps is None else f"{tps:,.0f} useful tokens/s (measured)"
-    result.gates.append(Gate("pilot", "passed", f"full steps on the longest batch on "
-                             f"{dev.get('name', dev.get('kind', '?'))}: {rate}", reused))
+# --- 2. pilot ----------------------------------------------------------------------------------
 
-    # 3. restore ------------------------------------------------------------------------------
-    restore = reuse("restore")
-    reused = restore is not None
-    if restore is None:
-        from tunepilot.restore import verify_restore
 
-        say("restore: save, resume in a fresh process, compare the continuation")
-        k, m = o.restore_steps
-        restore = verify_restore(spec, k, m, run.path, base_dir=o.base_dir,
-                                 catalog=catalog).to_dict()
-    if not restore.get("passed"):
-        bad = ", ".join(restore.get("failed_components") or []) or "the continuation"
-        result.gates.append(Gate("restore", "failed", f"failed on {bad}", reused))
-        stop("restore", f"restore failed on {bad}.")
-    names = [c["name"] for c in restore.get("components", [])]
-    result.gates.append(Gate("restore", "passed", f"{len(names)} components restored in a fresh "
-                             f"process and the continuation identical ({', '.join(names)})",
-                             reused))
+def _run_pilot(c: Ctx) -> PilotResult:
+    from tunepilot.pilot.runner import PilotOptions, run_pilot
 
-    # 4. scale --------------------------------------------------------------------------------
-    nproc = o.nproc or _device_count()
-    if nproc and nproc > 1:
-        scale = reuse("scale")
-        reused = scale is not None
-        if scale is None:
-            from tunepilot.scaling.runner import scale as run_scale
+    o = c.options
+    c.say("pilot: real training steps on this machine's device, longest batch first")
+    return run_pilot(c.spec, c.run.path, PilotOptions(
+        steps=o.pilot_steps, max_steps=o.pilot_max_steps, memory_limit_bytes=o.memory_limit_bytes,
+        base_dir=o.base_dir, catalog=c.catalog, check_memory=o.check_memory),
+        progress=lambda what, i, n: None)
 
-            say(f"scale: torchrun, 1 rank vs {nproc} ranks, DDP and FSDP, same global batch")
-            try:
-                scale = run_scale(spec, nproc, ("ddp", "fsdp"), out=run.path,
-                                  steps=o.scale_steps, base_dir=o.base_dir, catalog=catalog,
-                                  progress=say).to_dict()
-            except TunepilotError as exc:  # a crashed or hung rank (UserErrors pass through)
-                if isinstance(exc, UserError):
-                    raise
-                result.gates.append(Gate("scale", "failed", str(exc).splitlines()[0]))
-                stop("scale", str(exc).splitlines()[0])
-        rec = scale.get("recommendation", {})
-        effs = ", ".join(
-            f"{k} {v['efficiency']:.0%}" if v.get("efficiency") is not None
-            else f"{k} {v.get('status', 'not measured')}"
-            for k, v in scale.get("strategies", {}).items() if isinstance(v, dict))
-        use = (f"use {rec['strategy']}" if rec.get("strategy") else
-               f"no strategy recommended: {rec.get('reason', '?')}")
-        result.gates.append(Gate("scale", "passed", f"{nproc} ranks: efficiency {effs} "
-                                 f"(measured); {use}", reused))
-    else:
-        result.gates.append(Gate("scale", "skipped", "one device here and no --nproc: "
-                                 "multi-card throughput in the quote is projected"))
 
-    # 5. quote --------------------------------------------------------------------------------
-    say("quote: the term and cost per useful token from the measured figures")
-    from tunepilot import cost
+def _gate_pilot(c: Ctx, pilot: PilotResult) -> Gate:
+    if not pilot.fits:
+        why = pilot.does_not_fit.message if pilot.does_not_fit else pilot.verdict
+        return _failed("pilot", why)
+    tps = pilot.throughput.useful_tokens_per_s.value
+    rate = "throughput not measured" if tps is None else \
+        f"{fmt_rate(tps, 'useful tokens/s')} (measured)"
+    conf = pilot.steps.confidence
+    if conf and not conf.startswith("converged"):
+        c.warnings.append(f"pilot: {conf}")
+        rate += f"; {conf}"
+    return _passed("pilot", f"full steps on the longest batch on the local "
+                            f"{pilot.device.kind.upper()} ({pilot.device.name}): {rate}")
 
+
+def _reuse_pilot(c: Ctx, _pilot: PilotResult) -> str | None:
+    return "--memory-limit simulates another device" if c.options.memory_limit_bytes else None
+
+
+# --- 3. restore --------------------------------------------------------------------------------
+
+
+def _run_restore(c: Ctx) -> RestoreResult:
+    from tunepilot.restore import verify_restore
+
+    c.say("restore: save, resume in a fresh process, compare the continuation")
+    k, m = c.options.restore_steps
+    return verify_restore(c.spec, k, m, c.run.path, base_dir=c.options.base_dir,
+                          catalog=c.catalog, check_memory=c.options.check_memory)
+
+
+def _gate_restore(c: Ctx, restore: RestoreResult) -> Gate:
+    if not restore.passed:
+        bad = ", ".join(restore.failed_components) or "the continuation"
+        return _failed("restore", f"restore failed on {bad}")
+    names = [ch.name for ch in restore.components]
+    return _passed("restore", f"{len(names)} components restored in a fresh process and the "
+                              f"continuation identical ({', '.join(names)})")
+
+
+def _reuse_restore(c: Ctx, restore: RestoreResult) -> str | None:
+    """A reused proof is trusted only while its checkpoint still verifies."""
+    from tunepilot.checkpoint import verify_checkpoint
+
+    if not restore.passed or restore.checkpoint is None:
+        return None
+    problems = verify_checkpoint(Path(restore.checkpoint.path))
+    if problems:
+        return f"its checkpoint no longer verifies ({problems[0]})"
+    return None
+
+
+# --- 4. scale ----------------------------------------------------------------------------------
+
+
+def _scale_needed(c: Ctx) -> str | None:
+    if c.nproc > 1:
+        return None
+    return "one device here and no --nproc: multi-card throughput in the quote is projected"
+
+
+def _run_scale(c: Ctx) -> ScalingResult:
+    from tunepilot.scaling.runner import scale
+
+    c.say(f"scale: torchrun, 1 rank vs {c.nproc} ranks, DDP and FSDP, same global batch")
+    return scale(c.spec, c.nproc, ("ddp", "fsdp"), out=c.run.path, steps=c.options.scale_steps,
+                 base_dir=c.options.base_dir, catalog=c.catalog, progress=c.say,
+                 check_memory=c.options.check_memory)
+
+
+def _gate_scale(c: Ctx, scale: ScalingResult) -> Gate:
+    rec = scale.recommendation
+    effs = ", ".join(f"{k} {v.efficiency:.0%}" if v.efficiency is not None else f"{k} {v.status}"
+                     for k, v in scale.strategies.items())
+    use = f"use {rec.strategy}" if rec.strategy else f"no strategy recommended: {rec.reason}"
+    return _passed("scale", f"{scale.world_size} ranks: efficiency {effs} (measured); {use}")
+
+
+# --- 5. quote ----------------------------------------------------------------------------------
+
+
+def _run_quote(c: Ctx) -> Quote:
+    from tunepilot.cost import compare, quote
+
+    c.say("quote: the term and cost per useful token from the measured figures")
+    o = c.options
     if o.card and o.count and o.term_s:
-        q = cost.quote(spec, card_id=o.card, count=o.count, term_s=o.term_s,
-                       run_dir=run.path, catalog=catalog, base_dir=o.base_dir).to_dict()
-        quotes = [q]
-    else:
-        cmp = cost.compare(spec, run_dir=run.path, catalog=catalog, base_dir=o.base_dir)
-        quotes = [r.to_dict() for r in cmp.rows]
-        run.write_stage("compare", cmp.to_dict(), h)
-    if not quotes:
-        result.gates.append(Gate("quote", "failed", "no card x count could be quoted"))
-        stop("quote", "no card and count fits the run.")
-    best = quotes[0]
-    run.write_stage("quote", best, h)
-    result.quote = best
-    result.gates.append(Gate("quote", "passed", f"{best['card_id']} x{best['count']}: "
-                             f"{_money(best['term']['total_usd'])} for the term "
-                             f"({best.get('cost_basis', 'projected')})"))
-    result.ready = True
-    result.decision = decision_text(best)
-    _write(run, result)
-    return result
+        return quote(c.spec, card_id=o.card, count=o.count, term_s=o.term_s, run_dir=c.run.path,
+                     catalog=c.catalog, base_dir=o.base_dir)
+    cmp: Comparison = compare(c.spec, run_dir=c.run.path, catalog=c.catalog,
+                              base_dir=o.base_dir)
+    c.run.write(cmp, c.spec_hash)
+    if not cmp.rows:
+        raise _NoQuote("no card and count fits the run")
+    return cmp.rows[0]
 
 
-def decision_text(q: dict) -> str:
-    """'Book H200 x 1 for 3 days: $X; $Y per million useful tokens; finishes with Z% margin'."""
-    term_s = q["term"]["term_s"]
-    length = f"{term_s / 86400:.4g} days" if term_s >= 86400 else f"{term_s / 3600:.4g} hours"
-    per_m = q.get("cost_per_million_term_usd") or q.get("cost_per_million_job_usd")
-    fin = (f"finishes with {q['margin_fraction']:.0%} margin" if q.get("finishes_in_term") else
-           "does NOT finish inside the term")
-    basis = q.get("cost_basis", "projected")
-    return (f"Book {q['card_id']} x {q['count']} for {length}: {_money(q['term']['total_usd'])}; "
-            f"{_money(per_m)} per million useful tokens; {fin} (time {basis}; prices from the "
-            "catalog).")
+class _NoQuote(TunepilotError):
+    pass
 
 
-def _money(v) -> str:
-    """Dollars to the cent; amounts under a dollar keep 4 significant digits ($0.004812)."""
-    if v is None:
-        return "-"
-    d = Decimal(str(v))
-    if abs(d) < 1 and d != 0:  # 4 significant digits, in Decimal
-        exp = d.adjusted() - 3
-        return f"${d.quantize(Decimal(1).scaleb(exp)).normalize():f}"
-    return f"${d.quantize(Decimal('0.01')):,}"
+def _gate_quote(c: Ctx, q: Quote) -> Gate:
+    basis = q.cost_basis
+    if not q.finishes_in_term:
+        s = q.shortest_term
+        return _failed("quote", f"{q.card_id} x{q.count} for {fmt_hours(q.term.term_s)} does "
+                                f"NOT finish the job (needs {fmt_hours(q.job_s.value)}, "
+                                f"{basis}): the shortest billing-aligned term that covers it "
+                                f"with the {q.safety_margin:.0%} margin is "
+                                f"{fmt_hours(s.term_s)} ({fmt_usd(s.total_usd)}); quote that "
+                                f"with --hours {s.term_s / 3600:g}")
+    summary = (f"{q.card_id} x{q.count}: {fmt_usd(q.term.total_usd)} for the term ({basis})")
+    shortest = q.shortest_term
+    if c.options.term_s is not None and shortest.term_s < q.term.term_s and \
+            shortest.total_cents < q.term.total_cents:
+        c.warnings.append(f"a shorter term would do: {fmt_hours(shortest.term_s)} covers the "
+                          f"job with the {q.safety_margin:.0%} margin for "
+                          f"{fmt_usd(shortest.total_usd)} instead of {fmt_usd(q.term.total_usd)}")
+        summary += f"; {c.warnings[-1]}"
+    return _passed("quote", summary)
 
 
-def _plan(spec: RunSpec, catalog: Catalog, o: RunOptions) -> dict:
-    from tunepilot.memory.plan import make_plan
+STAGES = (
+    Stage("plan", MemoryPlan, _run_plan, _gate_plan),
+    Stage("pilot", PilotResult, _run_pilot, _gate_pilot, reusable=_reuse_pilot),
+    Stage("restore", RestoreResult, _run_restore, _gate_restore, reusable=_reuse_restore),
+    Stage("scale", ScalingResult, _run_scale, _gate_scale, needed=_scale_needed),
+    Stage("quote", Quote, _run_quote, _gate_quote,
+          reusable=lambda _c, _r: "the quote is made from the stages' results each run"),
+)
 
-    if o.trace:
-        from tunepilot.memory.trace import make_traced_plan
 
-        return make_traced_plan(spec, catalog=catalog, base_dir=o.base_dir).to_dict()
-    return make_plan(spec, catalog=catalog, base_dir=o.base_dir).to_dict()
+def _result_of(c: Ctx, stage: Stage) -> tuple[StageResult, bool]:
+    """The stage's result, reused from an earlier run when allowed; (result, reused)."""
+    if not c.options.force and c.run.stage_done(stage.name, c.spec_hash):
+        earlier = c.run.read_if(stage.result)
+        why = stage.reusable(c, earlier) if earlier is not None else "it could not be read"
+        if why is None:
+            c.say(f"{stage.name}: reusing {c.run.file(stage.name)} (same spec hash; --force "
+                  "re-runs it)")
+            return earlier, True
+        c.say(f"{stage.name}: running again: {why}")
+    result = stage.run(c)
+    c.run.write(result, c.spec_hash)
+    return result, False
+
+
+def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = None,
+                 say: Say | None = None) -> Decision:
+    """Run every stage into `out`; raise GateFailed (with the decision) at the first failed
+    gate."""
+    o = options or RunOptions()
+    c = Ctx(spec, RunDir(out), o, o.catalog or load_catalog(), say or (lambda _m: None))
+    c.run.check_spec(c.spec_hash)
+    decision = Decision(run_dir=str(c.run.path), spec_label=spec.label, spec_hash=c.spec_hash)
+    c.run.update_manifest(spec_hash=c.spec_hash, spec=spec.model_dump(mode="json"),
+                          label=spec.label)
+    for stage in STAGES:
+        skip = stage.needed(c)
+        if skip:
+            decision.gates.append(Gate(stage=stage.name, status="skipped", summary=skip))
+            continue
+        try:
+            result, reused = _result_of(c, stage)
+        except (_NoQuote, TunepilotError) as exc:
+            if isinstance(exc, UserError):
+                raise
+            decision.gates.append(_failed(stage.name, str(exc).splitlines()[0]))
+            _stop(c, decision, stage.name, str(exc).splitlines()[0])
+        c.results[stage.name] = result
+        gate = stage.gate(c, result)
+        decision.gates.append(gate.model_copy(update={"reused": reused}))
+        if gate.status == "failed":
+            _stop(c, decision, stage.name, gate.summary)
+    q: Quote = c.results["quote"]
+    decision.quote, decision.ready, decision.warnings = q, True, c.warnings
+    decision.decision = decision_text(q)
+    c.run.write(decision)
+    return decision
+
+
+def _stop(c: Ctx, decision: Decision, stage: str, reason: str) -> None:
+    decision.warnings = c.warnings
+    decision.decision = f"Not ready: {stage} failed - {reason.rstrip('.')}. See " \
+                        f"{c.run.path}/{stage}.json."
+    c.run.write(decision)
+    raise GateFailed(decision)
+
+
+def decision_text(q: Quote) -> str:
+    """'Book h200 x 1 for 3 days: $X; $Y/M tokens; finishes with Z% margin (...)'."""
+    per_m = q.cost_per_million_term_usd or q.cost_per_million_job_usd
+    return (f"Book {q.card_id} x {q.count} for {fmt_hours(q.term.term_s)}: "
+            f"{fmt_usd(q.term.total_usd)}; {fmt_usd(per_m)} per million useful tokens; finishes "
+            f"with {q.margin_fraction:.0%} margin (time {q.cost_basis}; prices from the catalog).")
 
 
 def _device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _write(run: RunDir, result: PipelineResult) -> None:
-    from tunepilot.store import write_json
-
-    write_json(run.path / "decision.json", result.to_dict())

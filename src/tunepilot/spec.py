@@ -24,6 +24,9 @@ Checkpointing = Literal["none", "full", "selective"]
 Strategy = Literal["single", "ddp", "fsdp"]
 
 DEFAULT_LORA_RANK = 16
+# chunked_loss: lm_head + cross-entropy per this many tokens, recomputed in backward (the plan
+# and tunepilot's own training step use the same chunk).
+CHUNKED_LOSS_TOKENS = 1024
 
 
 class _Strict(BaseModel):
@@ -245,7 +248,19 @@ class RunSpec(_Strict):
 
     @property
     def global_batch_samples(self) -> int:
+        """Samples per optimizer step over every rank."""
         return self.micro_batch_size * self.gradient_accumulation_steps * self.parallel.world_size
+
+    @property
+    def tokens_per_optimizer_step(self) -> int:
+        """Token positions per optimizer step over every rank (padding included)."""
+        return self.tokens_per_micro_batch * self.gradient_accumulation_steps * \
+            self.parallel.world_size
+
+    def tokens_per_step_on(self, world_size: int) -> int:
+        """Token positions per optimizer step when the run is spread over ``world_size`` ranks
+        at the spec's micro-batch and accumulation (as a quote for N cards assumes)."""
+        return self.tokens_per_micro_batch * self.gradient_accumulation_steps * world_size
 
     @property
     def label(self) -> str:

@@ -1,6 +1,10 @@
-"""The training step every stage runs: optimizer, schedule, precision, loss and one optimizer step
-over gradient-accumulation micro-batches. The pilot times it, restore replays it, scale runs it
-under DDP / FSDP, and the traced plan traces it.
+"""The training step every stage runs, and the one way to build a run.
+
+``build_run(spec, device)`` -> model, optimizer, scheduler, scaler and data stream: the pilot
+times it, restore replays it, the scaling worker runs it under DDP / FSDP, and the traced plan
+builds it on fake tensors. One optimizer step is ``micro_step`` (forward + loss + backward) per
+micro-batch, then ``update`` (unscale, clip, optimizer step, zero_grad, schedule); the traced
+plan calls the same functions with its tracker's windows in between.
 """
 
 from __future__ import annotations
@@ -10,16 +14,21 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from tunepilot.data import IGNORE_INDEX, useful_tokens
+from tunepilot.dataset import IGNORE_INDEX, DataInfo, DataStream, useful_tokens
 from tunepilot.errors import UserError
-from tunepilot.memory.analytic import CHUNKED_LOSS_TOKENS
-from tunepilot.models import output_head, torch_dtype, trainable_parameters
-from tunepilot.spec import RunSpec
+from tunepilot.model.build import build_model, output_head, torch_dtype, trainable_parameters
+from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
 
 MAX_GRAD_NORM = 1.0  # gradient clipping as fine-tuning recipes default to it (HF Trainer, torchtune)
+BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw", "paged_adamw_8bit")
+
+Batch = dict[str, torch.Tensor]
+OptimizerFactory = Callable[[RunSpec, torch.nn.Module], torch.optim.Optimizer]
+Prepare = Callable[[torch.nn.Module], tuple[torch.nn.Module, Callable | None]]
 
 
 def build_optimizer(spec: RunSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -35,7 +44,8 @@ def build_optimizer(spec: RunSpec, model: torch.nn.Module) -> torch.optim.Optimi
     if o.name in ("adamw", "sgd") and want != pdtype and o.state_dtype is not None:
         raise UserError("optimizer.state_dtype", f"{o.state_dtype} states on {pdtype} "
                         "parameters: PyTorch keeps optimizer state in the parameter dtype.",
-                        "Remove optimizer.state_dtype, or change precision.")
+                        "Remove optimizer.state_dtype, or change precision (or set "
+                        "method.adapter_dtype to the state dtype for LoRA).")
     impl = {"foreach": {"foreach": True}, "fused": {"fused": True},
             "for-loop": {"foreach": False}}.get(o.impl or "", {})
     if o.name == "adamw":
@@ -47,9 +57,14 @@ def build_optimizer(spec: RunSpec, model: torch.nn.Module) -> torch.optim.Optimi
 
         return Adafactor(params, lr=o.lr, scale_parameter=False, relative_step=False,
                          warmup_init=False, weight_decay=o.weight_decay)
-    # 8-bit and paged optimizers live in bitsandbytes, which needs CUDA
+    return _bnb_optimizer(spec, params)
+
+
+def _bnb_optimizer(spec: RunSpec, params: list) -> torch.optim.Optimizer:
+    """8-bit and paged optimizers live in bitsandbytes, which needs CUDA."""
     import importlib.util
 
+    o = spec.optimizer
     if importlib.util.find_spec("bitsandbytes") is None or params[0].device.type != "cuda":
         raise UserError("optimizer.name", f"{o.name} needs bitsandbytes on a CUDA device.",
                         "Use adamw for a pilot on this machine (the plan still models "
@@ -95,7 +110,7 @@ def make_scaler(spec: RunSpec, device_type: str):
     return torch.amp.GradScaler(device_type)
 
 
-def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], spec: RunSpec,
+def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
                  num_items: torch.Tensor | float | None = None) -> torch.Tensor:
     """Next-token cross-entropy (fp32 upcast, as HF does), summed over the batch's useful tokens
     and divided by `num_items` (default: this batch's useful tokens, i.e. the batch mean).
@@ -103,14 +118,15 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], spec: R
     chunked_loss: lm_head + cross-entropy per CHUNKED_LOSS_TOKENS tokens, each chunk
     checkpointed, so the (tokens, vocab) logits never exist all at once.
     """
+    extra = {k: batch[k] for k in ("position_ids",) if k in batch}  # packed rows
     if not spec.chunked_loss:
         kwargs = {} if num_items is None else {"num_items_in_batch": num_items}
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    labels=batch["labels"], **kwargs)
+        out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                    labels=batch["labels"], **extra, **kwargs)
         return out.loss
     body, head = output_head(model)
-    hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                  ).last_hidden_state  # (batch, seq, hidden)
+    hidden = body(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                  **extra).last_hidden_state  # (batch, seq, hidden)
     labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
@@ -130,8 +146,7 @@ def compute_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], spec: R
     return total / n
 
 
-def _step_token_count(batches: list[dict[str, torch.Tensor]], dev: torch.device
-                      ) -> tuple[torch.Tensor, int]:
+def step_token_count(batches: list[Batch], dev: torch.device) -> tuple[torch.Tensor, int]:
     """(useful tokens of the whole optimizer step over all ranks, world size).
 
     Dividing every micro-batch's summed loss by this count makes the step's gradient the mean
@@ -152,7 +167,8 @@ def _step_token_count(batches: list[dict[str, torch.Tensor]], dev: torch.device
 
 @dataclass
 class StepStats:
-    """One optimizer step: its loss (mean over micro-batches) and where the time went."""
+    """One optimizer step: its loss (this rank's share of the step's token mean), its LR and
+    gradient norm, and where the time went."""
 
     step: int
     loss: float
@@ -164,6 +180,7 @@ class StepStats:
     forward_s: float = 0.0
     backward_s: float = 0.0
     optimizer_s: float = 0.0
+    grad_norm: float | None = None
     fingerprints: list[str] = field(default_factory=list)
 
 
@@ -177,13 +194,58 @@ class TrainState:
     scaler: object | None = None
     step: int = 0
     useful_tokens_seen: int = 0
+    no_sync: Callable[[], contextlib.AbstractContextManager] | None = None
+    """DDP: skips the gradient all-reduce on all but the last micro-batch"""
 
 
-def make_state(spec: RunSpec, model: torch.nn.Module, total_steps: int) -> TrainState:
-    opt = build_optimizer(spec, model)
+def make_state(spec: RunSpec, model: torch.nn.Module, total_steps: int, *,
+               optimizer: OptimizerFactory | None = None, no_sync: Callable | None = None
+               ) -> TrainState:
+    opt = (optimizer or build_optimizer)(spec, model)
     device_type = next(model.parameters()).device.type
     return TrainState(model, opt, build_scheduler(spec, opt, total_steps),
-                      make_scaler(spec, device_type))
+                      make_scaler(spec, device_type), no_sync=no_sync)
+
+
+@dataclass
+class Run:
+    """A run built from a spec: the training state and (unless data=False) its data."""
+
+    spec: RunSpec
+    state: TrainState
+    stream: DataStream | None
+    dataset: object | None
+    data_info: DataInfo | None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.state.model
+
+
+def build_run(spec: RunSpec, device: str | torch.device, *, total_steps: int,
+              base_dir: Path | None = None, config: dict | None = None, data: bool = True,
+              rank: int = 0, world_size: int = 1, micro_batch_size: int | None = None,
+              prepare: Prepare | None = None, optimizer: OptimizerFactory | None = None,
+              dataset: tuple[object, DataInfo] | None = None) -> Run:
+    """The spec's model on ``device`` (seeded), its dataset and loader (this rank's shard of
+    ``world_size``), optimizer, scheduler and scaler. ``prepare`` wraps the model before the
+    optimizer sees its parameters (DDP / FSDP, or the trace's fake tensors) and may return a
+    no_sync context; ``optimizer`` replaces the spec's optimizer factory (the trace's
+    bitsandbytes stand-in); ``dataset`` is a (dataset, info) read beforehand."""
+    from tunepilot.dataset import build_dataset, make_loader
+
+    model = build_model(spec, device, base_dir=base_dir, config=config)
+    info = stream = None
+    if data:
+        ds, info = dataset or build_dataset(spec, model.config.vocab_size, base_dir)
+        stream = DataStream(make_loader(spec, ds, info, micro_batch_size=micro_batch_size,
+                                        rank=rank, world_size=world_size))
+        dataset = ds
+    no_sync = None
+    if prepare is not None:
+        model, no_sync = prepare(model)
+    state = make_state(spec, model, total_steps, optimizer=optimizer, no_sync=no_sync)
+    return Run(spec, state, stream, dataset, info)
 
 
 def _sync(device_type: str) -> None:
@@ -191,63 +253,26 @@ def _sync(device_type: str) -> None:
         torch.cuda.synchronize()
 
 
-def train_step(state: TrainState, next_batch: Callable[[], dict[str, torch.Tensor]],
-               spec: RunSpec, *, accumulation: int | None = None, split_timing: bool = False,
-               fingerprint: Callable[[dict], str] | None = None,
-               no_sync: Callable[[], contextlib.AbstractContextManager] | None = None,
-               ) -> StepStats:
-    """One optimizer step over `accumulation` micro-batches (default: the spec's).
+def forward_loss(state: TrainState, batch: Batch, spec: RunSpec, num_items) -> torch.Tensor:
+    """Forward and loss of one micro-batch under the spec's autocast."""
+    dt = next(state.model.parameters()).device.type
+    with autocast_context(spec, dt):
+        return compute_loss(state.model, batch, spec, num_items)
 
-    `next_batch` is timed as data wait. `split_timing` synchronises the device between forward,
-    backward and the optimizer step to split the time (cheap on CPU, a small cost on GPU).
-    `no_sync` (DDP) skips the gradient all-reduce on all but the last micro-batch.
-    """
-    model, opt = state.model, state.optimizer
-    dev = next(model.parameters()).device
-    dt = dev.type
-    accum = accumulation or spec.gradient_accumulation_steps
-    model.train()
-    stats = StepStats(step=state.step, loss=0.0, lr=opt.param_groups[0]["lr"], useful_tokens=0,
-                      padded_tokens=0)
-    losses = []
-    t0 = time.perf_counter()
-    batches = []
-    for _ in range(accum):  # the step's micro-batches first: the loss is normalised by all
-        tw = time.perf_counter()  # of their useful tokens (see _step_token_count)
-        batch = next_batch()
-        stats.data_wait_s += time.perf_counter() - tw
-        if fingerprint is not None:
-            stats.fingerprints.append(fingerprint(batch))
-        stats.useful_tokens += useful_tokens(batch)
-        stats.padded_tokens += int(batch["input_ids"].numel())
-        batches.append(batch)
-    n_step, world = _step_token_count(batches, dev)
-    num_items = n_step / world
-    for micro, batch in enumerate(batches):
-        batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
-        sync_ctx = no_sync() if (no_sync is not None and micro < accum - 1) else \
-            contextlib.nullcontext()
-        with sync_ctx:
-            tf = time.perf_counter()
-            with autocast_context(spec, dt):
-                loss = compute_loss(model, batch, spec, num_items)
-            if split_timing:
-                _sync(dt)
-            tb = time.perf_counter()
-            stats.forward_s += tb - tf
-            if state.scaler is not None:
-                state.scaler.scale(loss).backward()
-            else:
-                loss.backward()
-            if split_timing:
-                _sync(dt)
-            stats.backward_s += time.perf_counter() - tb
-        losses.append(loss.detach())
-    to = time.perf_counter()
-    params = trainable_parameters(model)
+
+def backward(state: TrainState, loss: torch.Tensor) -> None:
+    """Backward of one micro-batch's loss (scaled under fp16)."""
+    (state.scaler.scale(loss) if state.scaler is not None else loss).backward()
+
+
+def update(state: TrainState) -> torch.Tensor:
+    """The optimizer step after the micro-batches: unscale (fp16), clip to MAX_GRAD_NORM, step,
+    zero_grad, advance the schedule. Returns the gradient norm before clipping (a tensor)."""
+    opt = state.optimizer
+    params = trainable_parameters(state.model)
     if state.scaler is not None:
         state.scaler.unscale_(opt)
-    torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
+    norm = torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
     if state.scaler is not None:
         state.scaler.step(opt)
         state.scaler.update()
@@ -255,18 +280,80 @@ def train_step(state: TrainState, next_batch: Callable[[], dict[str, torch.Tenso
         opt.step()
     opt.zero_grad(set_to_none=True)
     state.scheduler.step()
-    _sync(dt)
+    return norm
+
+
+def train_step(state: TrainState, next_batch: Callable[[], Batch], spec: RunSpec, *,
+               accumulation: int | None = None, split_timing: bool = False,
+               fingerprint: Callable[[dict], str] | None = None) -> StepStats:
+    """One optimizer step over `accumulation` micro-batches (default: the spec's).
+
+    `next_batch` is timed as data wait. `split_timing` synchronises the device between forward,
+    backward and the optimizer step to split the time (cheap on CPU, a small cost on GPU).
+    """
+    model, opt = state.model, state.optimizer
+    dev = next(model.parameters()).device
+    accum = accumulation or spec.gradient_accumulation_steps
+    model.train()
+    stats = StepStats(step=state.step, loss=0.0, lr=opt.param_groups[0]["lr"], useful_tokens=0,
+                      padded_tokens=0)
+    t0 = time.perf_counter()
+    batches = _fetch(next_batch, accum, stats, fingerprint)
+    n_step, world = step_token_count(batches, dev)
+    losses = [_timed_micro_step(state, batch, spec, n_step / world, stats, split_timing,
+                                last=(i == accum - 1))
+              for i, batch in enumerate(batches)]
+    to = time.perf_counter()
+    norm = update(state)
+    _sync(dev.type)
     t1 = time.perf_counter()
     stats.optimizer_s = t1 - to
     stats.wall_s = t1 - t0
     stats.loss = float(torch.stack(losses).sum().float().item())  # this rank's share of the
     # step's token-mean loss (x world); summed over ranks / world it is the global token mean
+    stats.grad_norm = float(norm)
     state.step += 1
     state.useful_tokens_seen += stats.useful_tokens
     return stats
 
 
-def evaluate(model: torch.nn.Module, batches: Iterator[dict[str, torch.Tensor]], spec: RunSpec
+def _fetch(next_batch: Callable[[], Batch], accum: int, stats: StepStats,
+           fingerprint: Callable[[dict], str] | None) -> list[Batch]:
+    """The step's micro-batches first: the loss is normalised by all of their useful tokens."""
+    batches = []
+    for _ in range(accum):
+        tw = time.perf_counter()
+        batch = next_batch()
+        stats.data_wait_s += time.perf_counter() - tw
+        if fingerprint is not None:
+            stats.fingerprints.append(fingerprint(batch))
+        stats.useful_tokens += useful_tokens(batch)
+        stats.padded_tokens += int(batch["input_ids"].numel())
+        batches.append(batch)
+    return batches
+
+
+def _timed_micro_step(state: TrainState, batch: Batch, spec: RunSpec, num_items,
+                      stats: StepStats, split_timing: bool, last: bool) -> torch.Tensor:
+    dev = next(state.model.parameters()).device
+    batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
+    sync_ctx = state.no_sync() if (state.no_sync is not None and not last) else \
+        contextlib.nullcontext()
+    with sync_ctx:
+        tf = time.perf_counter()
+        loss = forward_loss(state, batch, spec, num_items)
+        if split_timing:
+            _sync(dev.type)
+        tb = time.perf_counter()
+        stats.forward_s += tb - tf
+        backward(state, loss)
+        if split_timing:
+            _sync(dev.type)
+        stats.backward_s += time.perf_counter() - tb
+    return loss.detach()
+
+
+def evaluate(model: torch.nn.Module, batches: Iterator[Batch], spec: RunSpec
              ) -> tuple[float, int]:
     """Mean validation loss over the batches (no gradients) and the useful tokens seen."""
     dev = next(model.parameters()).device

@@ -19,16 +19,15 @@ plan's assumptions say so when either applies.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunepilot.arch import Arch
 from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.errors import UserError
-from tunepilot.memory.analytic import MemoryPlan, analytic_plan
+from tunepilot.memory.analytic import analytic_plan, runtime_constants
 from tunepilot.memory.fit import DEFAULT_HEADROOM, Planner, fit_card
-from tunepilot.memory.plan import resolve_arch
+from tunepilot.model.arch import Arch, resolve_arch
+from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
 
 APPLIED = ("activations", "temporary")
@@ -53,28 +52,31 @@ class Calibration:
 
 def load_calibration(run_dir: Path | str) -> Calibration:
     """The calibration block of RUN_DIR/pilot.json; UserError when there is none."""
+    from tunepilot.results.pilot import PilotResult
     from tunepilot.store import RunDir
 
     rd = RunDir(run_dir)
     if not rd.has("pilot"):
         raise UserError("--calibrate", f"{str(rd.path)!r} has no pilot.json.",
                         "Run `tunepilot pilot SPEC --out RUN_DIR` first.")
-    cal = rd.read("pilot").get("calibration")
-    if not isinstance(cal, dict) or not isinstance(cal.get("ratios"), dict) or \
-            "stack" not in cal:
+    try:
+        cal = rd.read(PilotResult).calibration
+    except UserError as exc:
+        raise UserError("--calibrate", exc.message, exc.hint) from None
+    if cal is None:
         raise UserError("--calibrate", f"the pilot in {str(rd.path)!r} holds no calibration "
                         "data (it did not fit, so no step was measured).",
                         "Use the run directory of a pilot that fitted.")
-    return Calibration(source=str(rd.path), stack=cal["stack"], ratios=dict(cal["ratios"]),
-                       card_id=cal.get("card_id"), device=cal.get("device"),
-                       model_config_sha256=cal.get("model_config_sha256"),
-                       reserve_slack_fraction=cal.get("reserve_slack_fraction"),
-                       runtime_overhead_bytes=cal.get("runtime_overhead_bytes"))
+    return Calibration(source=str(rd.path), stack=cal.stack, ratios=dict(cal.ratios),
+                       card_id=cal.card_id, device=cal.device,
+                       model_config_sha256=cal.model_config_sha256,
+                       reserve_slack_fraction=cal.reserve_slack_fraction,
+                       runtime_overhead_bytes=cal.runtime_overhead_bytes)
 
 
 def calibrate(plan: MemoryPlan, cal: Calibration, arch: Arch | None = None) -> MemoryPlan:
     """A copy of `plan` with the measured ratios applied (the plan itself is not changed)."""
-    out = copy.deepcopy(plan)
+    out = plan.model_copy(deep=True)
     for ph in out.phases:
         ph.activations_bytes = int(ph.activations_bytes * cal.ratios.get("activations", 1.0))
         ph.temporary_bytes = int(ph.temporary_bytes * cal.ratios.get("temporary", 1.0))
@@ -82,20 +84,20 @@ def calibrate(plan: MemoryPlan, cal: Calibration, arch: Arch | None = None) -> M
     peak = max(out.phases, key=lambda p: p.total_bytes)
     allocated = peak.total_bytes
     slack = reserved_slack(plan)
-    overhead = d["runtime_overhead_bytes"]
+    overhead = d.runtime_overhead_bytes
     same_stack = cal.stack == plan.stack
     if same_stack and cal.reserve_slack_fraction is not None:
         slack = max(0.0, cal.reserve_slack_fraction)
     if same_stack and cal.runtime_overhead_bytes is not None:
         overhead = int(cal.runtime_overhead_bytes) + _collective_bytes(plan)
-    d["activations_bytes"] = max(p.activations_bytes for p in out.phases)
-    d["temporary_bytes"] = max(p.temporary_bytes for p in out.phases)
-    load_peak = d.get("load_peak_bytes", 0)
+    d.activations_bytes = max(p.activations_bytes for p in out.phases)
+    d.temporary_bytes = max(p.temporary_bytes for p in out.phases)
+    load_peak = d.load_peak_bytes
     allocated = max(allocated, load_peak)
-    d["allocated_peak_bytes"] = allocated
-    d["reserved_peak_bytes"] = int(allocated * (1 + slack))
-    d["runtime_overhead_bytes"] = overhead
-    d["device_peak_bytes"] = d["reserved_peak_bytes"] + overhead
+    d.allocated_peak_bytes = allocated
+    d.reserved_peak_bytes = int(allocated * (1 + slack))
+    d.runtime_overhead_bytes = overhead
+    d.device_peak_bytes = d.reserved_peak_bytes + overhead
     out.peak_phase = peak.name if load_peak <= peak.total_bytes else "model-load"
     out.fidelity = f"{plan.fidelity}+calibrated"
     applied = ", ".join(f"{k} x {cal.ratios[k]:.3f}" for k in APPLIED if k in cal.ratios)
@@ -127,8 +129,7 @@ def calibrate(plan: MemoryPlan, cal: Calibration, arch: Arch | None = None) -> M
 
 def reserved_slack(plan: MemoryPlan) -> float:
     d = plan.per_device
-    return d["reserved_peak_bytes"] / d["allocated_peak_bytes"] - 1 if \
-        d["allocated_peak_bytes"] else 0.0
+    return d.reserved_peak_bytes / d.allocated_peak_bytes - 1 if d.allocated_peak_bytes else 0.0
 
 
 def _collective_bytes(plan: MemoryPlan) -> int:
@@ -136,8 +137,6 @@ def _collective_bytes(plan: MemoryPlan) -> int:
     none, so it is kept from the plan when the plan has more than one rank)."""
     if plan.world_size <= 1:
         return 0
-    from tunepilot.memory.analytic import runtime_constants
-
     st = runtime_constants()["stacks"].get(plan.stack, {})
     return int(st.get("collective_bytes_per_rank_group", 0))
 
@@ -158,9 +157,10 @@ def make_calibrated_plan(spec: RunSpec, run_dir: Path | str, *, catalog: Catalog
     cal = load_calibration(run_dir)
     catalog = catalog or load_catalog()
     arch = resolve_arch(spec, base_dir)
-    cards = [catalog.get(c) for c in card_ids] if card_ids else list(catalog.cards)
+    cards = catalog.select(card_ids)
     stack = cards[0].software_stack if cards else "cuda"
     planner = calibrated_planner(cal)
     plan = planner(spec, arch, stack)
     plan.cards = [fit_card(spec, arch, card, planner, headroom, plan) for card in cards]
+    plan.spec_hash = spec.spec_hash()
     return plan

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tunepilot.arch import Arch
 from tunepilot.catalog import Card
-from tunepilot.memory.analytic import MemoryPlan
+from tunepilot.model.arch import Arch
+from tunepilot.results.plan import CardFit, DevicesNeeded, MemoryPlan
+from tunepilot.search import largest_passing
 from tunepilot.spec import RunSpec
 
 DEFAULT_HEADROOM = 0.10
 # Device counts tried for FSDP: one node's worth, then whole 8-GPU nodes.
 FSDP_COUNTS = [1, 2, 4, 8] + [8 * n for n in range(2, 129)]
 MAX_SEARCH_SEQ = 1 << 21  # 2M tokens: beyond any shipped model's context
+MAX_SEARCH_MICRO_BATCH = 1 << 14
 
 Planner = Callable[[RunSpec, Arch, str], MemoryPlan]
 
@@ -26,34 +28,25 @@ def fits(device_peak_bytes: int, capacity_bytes: int, headroom: float) -> bool:
 
 
 def fit_card(spec: RunSpec, arch: Arch, card: Card, planner: Planner,
-             headroom: float = DEFAULT_HEADROOM, plan: MemoryPlan | None = None) -> dict:
+             headroom: float = DEFAULT_HEADROOM, plan: MemoryPlan | None = None) -> CardFit:
     """One row of the fit table for `card`."""
     stack = card.software_stack
     plan = plan if plan is not None and plan.stack == stack else planner(spec, arch, stack)
     cap = card.capacity_bytes
-    peak = plan.per_device["device_peak_bytes"]
-
-    def peak_of(s: RunSpec) -> int:
-        return planner(s, arch, stack).per_device["device_peak_bytes"]
+    peak = plan.per_device.device_peak_bytes
 
     def ok(s: RunSpec) -> bool:
-        return fits(peak_of(s), cap, headroom)
+        return fits(planner(s, arch, stack).per_device.device_peak_bytes, cap, headroom)
 
-    row = {
-        "card": card.id,
-        "capacity_bytes": cap,
-        "device_peak_bytes": peak,
-        "fits": fits(peak, cap, headroom),
-        "headroom_fraction": 1.0 - peak / cap,
-        "devices_needed": {
-            "ddp": _ddp_devices(spec, ok),
-            "fsdp": _fsdp_devices(spec, ok),
-        },
-        "max_micro_batch": _largest(lambda b: ok(spec.with_changes(micro_batch_size=b)), 1 << 14),
-        "max_sequence_length": _largest(
-            lambda s: ok(spec.with_changes(sequence_length=s)), MAX_SEARCH_SEQ),
-    }
-    return row
+    def largest(field: str, upper: int) -> int:
+        return largest_passing(lambda v: ok(spec.with_changes(**{field: v})), upper)[0]
+
+    return CardFit(
+        card=card.id, capacity_bytes=cap, device_peak_bytes=peak,
+        fits=fits(peak, cap, headroom), headroom_fraction=1.0 - peak / cap,
+        devices_needed=DevicesNeeded(ddp=_ddp_devices(spec, ok), fsdp=_fsdp_devices(spec, ok)),
+        max_micro_batch=largest("micro_batch_size", MAX_SEARCH_MICRO_BATCH),
+        max_sequence_length=largest("sequence_length", MAX_SEARCH_SEQ))
 
 
 def _ddp_devices(spec: RunSpec, ok: Callable[[RunSpec], bool]) -> int | None:
@@ -71,20 +64,3 @@ def _fsdp_devices(spec: RunSpec, ok: Callable[[RunSpec], bool]) -> int | None:
         if ok(spec.with_changes(parallel=par)):
             return n
     return None
-
-
-def _largest(ok: Callable[[int], bool], upper: int) -> int:
-    """The largest positive integer x <= upper with ok(x), assuming ok is monotone; 0 if none."""
-    if not ok(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= upper and ok(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, upper + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo

@@ -1,16 +1,17 @@
 """The traced memory plan: the spec's real training step, run on fake tensors on a CPU.
 
-`make_traced_plan` builds the user's model (transformers + PEFT, as the pilot builds it, via
-tunepilot.models) on the meta device, turns every parameter and buffer into a fake CPU tensor
-(FakeTensorMode: shapes, dtypes and aliasing, no data) and runs two optimizer steps of the step
-tunepilot.training runs - forward, loss, backward, gradient clipping, optimizer step, zero_grad -
+`make_traced_plan` builds the user's run (transformers + PEFT, as the pilot builds it, with
+tunepilot.training.build_run) on the meta device, turns every parameter and buffer into a fake
+CPU tensor (FakeTensorMode: shapes, dtypes and aliasing, no data) and runs two optimizer steps of
+tunepilot.training's step - forward_loss, backward, update (clip, step, zero_grad, schedule) -
 under `StorageTracker` (memory/tracker.py). The peak of step 2 counts: optimizer state exists
 from step 1. Gradient accumulation: step 2 runs min(accumulation, 3) micro-batches; micro-batches
 after the second repeat its allocations exactly (same shapes), and the third shows it.
 
-The trace runs in a child process (`python -m tunepilot.memory.trace`): an abort inside PyTorch
-(e.g. fake CUDA tensors reaching a kernel without a device guard) becomes a fallback to the
-analytic plan with the reason, never a crash of the CLI. The parent never imports torch.
+The trace runs in a child process (memory/trace_step.py, through tunepilot.child): an abort
+inside PyTorch (e.g. fake CUDA tensors reaching a kernel without a device guard) becomes a
+fallback to the analytic plan with the reason, never a crash of the CLI. The parent never imports
+torch.
 
 What the trace maps to the target card rather than traces (each says so in `assumptions`):
   attention  fake *CPU* tensors take the CPU flash-attention kernel, which saves the output and
@@ -31,43 +32,27 @@ the analytic planner scaled by the traced/analytic ratio of model states and of 
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunepilot.arch import Arch
 from tunepilot.catalog import Catalog, load_catalog
+from tunepilot.child import ChildFailed, run_child
 from tunepilot.memory.analytic import (
     FSDP_UNSHARDED_LAYERS,
-    MemoryPlan,
-    ParamSplit,
-    Phase,
     analytic_plan,
     per_device_figures,
     runtime_constants,
 )
 from tunepilot.memory.fit import DEFAULT_HEADROOM, fit_card
-from tunepilot.memory.plan import resolve_model_config
+from tunepilot.model.arch import Arch, resolve_model_config
+from tunepilot.results.plan import MemoryPlan, ParamSplit, Phase
 from tunepilot.spec import RunSpec
 
-# Environment knobs (tests and benchmarks; not user flags).
+# Environment knob (tests and benchmarks; not a user flag).
 ENV_TIMEOUT = "TUNEPILOT_TRACE_TIMEOUT_S"
-ENV_FORCE_ABORT = "TUNEPILOT_TRACE_FORCE_ABORT"  # "1": the child calls os.abort() (tests)
 DEFAULT_TIMEOUT_S = 900
 COMPONENTS = ("weights", "master_weights", "gradients", "optimizer", "activations", "temporary")
-
-
-@dataclass
-class TracedPlan(MemoryPlan):
-    """A MemoryPlan (same schema, fidelity "trace") plus what the trace saw."""
-
-    trace: dict = field(default_factory=dict)
 
 
 class TraceFailed(Exception):
@@ -88,23 +73,23 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
     catalog = catalog or load_catalog()
     config = resolve_model_config(spec, base_dir)
     arch = Arch.from_config(config)
-    cards = [catalog.get(c) for c in card_ids] if card_ids else list(catalog.cards)
+    cards = catalog.select(card_ids)
     stack = cards[0].software_stack if cards else "cuda"
     analytic = analytic_plan(spec, arch, stack)
     t0 = time.perf_counter()
     try:
-        raw = trace_in_child(spec, config, stack, timeout_s=timeout_s)
-        plan = traced_plan_from(spec, raw, analytic, stack)
+        plan = traced_plan_from(spec, trace_in_child(spec, config, stack, timeout_s=timeout_s),
+                                analytic, stack)
     except TraceFailed as exc:
         plan = _fallback(analytic, str(exc))
     except (KeyError, TypeError, ValueError) as exc:  # a result this version cannot read
         plan = _fallback(analytic, f"the trace's result could not be read ({exc!r})")
-    if plan.fidelity != "trace":
-        plan.cards = [fit_card(spec, arch, c, analytic_plan, headroom, plan) for c in cards]
-        return plan
-    plan.trace["wall_s"] = round(time.perf_counter() - t0, 2)
-    planner = scaled_planner(plan, analytic)
+    planner = analytic_plan
+    if plan.fidelity == "trace":
+        plan.trace["wall_s"] = round(time.perf_counter() - t0, 2)
+        planner = scaled_planner(plan, analytic)
     plan.cards = [fit_card(spec, arch, c, planner, headroom, plan) for c in cards]
+    plan.spec_hash = spec.spec_hash()
     return plan
 
 
@@ -112,49 +97,22 @@ def trace_in_child(spec: RunSpec, config: dict, stack: str, *,
                    timeout_s: float | None = None) -> dict:
     """Run `trace_step` in a fresh Python process; its result, or TraceFailed with the reason."""
     timeout = float(timeout_s or os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
-    with tempfile.TemporaryDirectory(prefix="tunepilot-trace-") as tmp:
-        req, res = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req.write_text(json.dumps({"spec": spec.model_dump(mode="json"), "config": config,
-                                   "stack": stack}))
-        env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false")
-        cmd = [sys.executable, "-m", "tunepilot.memory.trace", str(req), str(res)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            raise TraceFailed(f"the trace took longer than {timeout:.0f} s (set "
-                              f"{ENV_TIMEOUT} to allow more)") from None
-        try:
-            result = json.loads(res.read_text()) if res.exists() else None
-        except (OSError, json.JSONDecodeError):  # killed while writing it
-            result = None
-    if proc.returncode != 0 or result is None:
-        raise TraceFailed(_child_failure(proc.returncode, proc.stderr, result))
-    if result.get("status") != "ok":
-        raise TraceFailed(result.get("reason", "the trace reported no result"))
-    return result
+    job = {"spec": spec.model_dump(mode="json"), "config": config, "stack": stack}
+    try:
+        return run_child("tunepilot.memory.trace_step", job, timeout_s=timeout,
+                         what="the trace process")
+    except ChildFailed as exc:
+        reason = exc.reason
+        if "took longer" in reason:
+            reason += f" (set {ENV_TIMEOUT} to allow more)"
+        elif exc.error:
+            reason = f"tracing failed: {reason}"
+        raise TraceFailed(reason) from None
 
 
-def _child_failure(rc: int, stderr: str, result: dict | None) -> str:
-    if result and result.get("status") == "error":
-        return result["reason"]
-    if rc < 0:
-        try:
-            how = f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            how = f"was killed by signal {-rc}"
-    else:
-        how = f"exited with code {rc}"
-    lines = [ln for ln in (stderr or "").strip().splitlines() if ln.strip()]
-    tail = f": {lines[-1].strip()[:300]}" if lines else ""
-    return f"the trace process {how} (an abort inside PyTorch){tail}"
-
-
-def _fallback(analytic: MemoryPlan, reason: str) -> TracedPlan:
-    d = analytic.to_dict()
-    d["phases"] = analytic.phases
-    d.pop("cards", None)
-    plan = TracedPlan(**{k: v for k, v in d.items() if k != "params"}, params=analytic.params,
-                      trace={"status": "fallback", "fallback_reason": reason})
+def _fallback(analytic: MemoryPlan, reason: str) -> MemoryPlan:
+    plan = analytic.model_copy(deep=True)
+    plan.trace = {"status": "fallback", "fallback_reason": reason}
     plan.assumptions = [f"trace failed, so this is the analytic plan: {reason}"] + list(
         analytic.assumptions)
     return plan
@@ -170,8 +128,10 @@ def traced_peak_for_benchmark(spec: RunSpec, arch: Arch, config: dict | None = N
         plan = traced_plan_from(spec, trace_in_child(spec, config, "cuda"), analytic, "cuda")
     except TraceFailed as exc:
         return {"note": f"fallback: {exc}"}
-    keys = ("allocated_peak_bytes", "reserved_peak_bytes", "device_peak_bytes")
-    return {**{k: plan.per_device[k] for k in keys}, "peak_phase": plan.peak_phase,
+    d = plan.per_device
+    return {"allocated_peak_bytes": d.allocated_peak_bytes,
+            "reserved_peak_bytes": d.reserved_peak_bytes,
+            "device_peak_bytes": d.device_peak_bytes, "peak_phase": plan.peak_phase,
             "note": plan.trace.get("attention_path", "").split(":")[0],
             "child_wall_s": plan.trace.get("child_wall_s")}
 
@@ -186,10 +146,15 @@ def _phase_bytes(p: dict) -> dict:
     return d
 
 
-def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str) -> TracedPlan:
+_TRACE_KEYS = ("attention_path", "attention_kernel", "optimizer_impl", "step1_peak_bytes",
+               "micro_batch_peaks_bytes", "accumulation_peak_stable", "peak_raw_bytes",
+               "num_ops", "child_wall_s", "child_peak_rss_bytes", "saved_bytes_at_peak",
+               "traced_on")
+
+
+def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str) -> MemoryPlan:
     """Turn the child's trace (single device) into the plan of `spec` on one of its ranks."""
-    N = spec.parallel.world_size
-    strategy = spec.parallel.strategy
+    N, strategy = spec.parallel.world_size, spec.parallel.strategy
     notes = list(raw.get("notes", []))
     phases_in = [dict(_phase_bytes(p), name=p["name"]) for p in raw["phases"]]
     buckets = 0
@@ -200,48 +165,71 @@ def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str)
         buckets = int(raw["model"]["trainable_bytes"])
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
                      "gradient_as_bucket_view=False) added to every phase")
-    phases = [Phase(p["name"], p["weights"], p["master_weights"], p["gradients"], p["optimizer"],
-                    p["activations"], p["temporary"], buckets) for p in phases_in]
+    phases = [Phase.make(p["name"], *(p[c] for c in COMPONENTS), buckets) for p in phases_in]
     peak = max(phases, key=lambda p: p.total_bytes)
-    load_peak = analytic.per_device["load_peak_bytes"]
+    load_peak = analytic.per_device.load_peak_bytes
     per_device = per_device_figures(phases, buckets, stack, N, load_peak)
     slack = runtime_constants()["allocator"]["reserve_slack_fraction"]
-    peak_name = peak.name
     if load_peak > peak.total_bytes:
         notes.append("loading the model sets the peak, not the training step (load peak from "
                      "the analytic plan; loading is not traced)")
-        peak_name = "model-load"
     notes.append(f"runtime overhead and allocator reserve (+{slack:.0%}) from the same model as "
-                 "the analytic plan (data/runtime.yaml)")
+                 "the analytic plan (resources/runtime.yaml)")
     m = raw["model"]
     params = ParamSplit(total=m["total_params"], trainable=m["trainable_params"],
                         frozen=m["total_params"] - m["trainable_params"])
     shard = N if strategy == "fsdp" else 1
-    bpp = _bytes_per_param(params, per_device, shard)
-    trace = {k: raw[k] for k in ("attention_path", "attention_kernel", "optimizer_impl",
-                                 "step1_peak_bytes", "micro_batch_peaks_bytes",
-                                 "accumulation_peak_stable", "peak_raw_bytes", "num_ops",
-                                 "child_wall_s", "child_peak_rss_bytes", "saved_bytes_at_peak",
-                                 "traced_on") if k in raw}
+    trace = {k: raw[k] for k in _TRACE_KEYS if k in raw}
     trace.update(status="traced", peak_phase=peak.name,
                  fsdp="derived from the single-device trace" if shard > 1 else None)
-    return TracedPlan(
+    plan = MemoryPlan(
         fidelity="trace", params=params, per_device=per_device, phases=phases,
-        peak_phase=peak_name, bytes_per_param=bpp,
+        peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
+        bytes_per_param=_bytes_per_param(params, per_device, shard),
         tokens_per_micro_batch=spec.tokens_per_micro_batch,
-        tokens_per_optimizer_step=spec.tokens_per_micro_batch * spec.gradient_accumulation_steps
-        * N, world_size=N, strategy=strategy, stack=stack, assumptions=notes, trace=trace)
+        tokens_per_optimizer_step=spec.tokens_per_optimizer_step, world_size=N,
+        strategy=strategy, stack=stack, assumptions=notes, trace=trace)
+    plan.differences = differences(plan, analytic)
+    return plan
 
 
-def _bytes_per_param(params: ParamSplit, d: dict, shard: int) -> dict:
+def _bytes_per_param(params: ParamSplit, d, shard: int) -> dict:
     tr, total = max(params.trainable, 1), max(params.total, 1)
-    w, mw, g, o = (d[k] for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes",
-                                  "optimizer_bytes"))
+    w, mw, g, o = (d.weights_bytes, d.master_weights_bytes, d.gradients_bytes, d.optimizer_bytes)
     return {"weights_per_param": w * shard / total,
             "master_weights_per_trainable_param": mw * shard / tr,
             "gradients_per_trainable_param": g * shard / tr,
             "optimizer_per_trainable_param": o * shard / tr,
             "model_states_per_param": (w + mw + g + o) * shard / total}
+
+
+DIFFERENCE_FRACTION = 0.05  # plan prints a component where traced and analytic differ by more
+_WHY = {
+    "weights": "parameter storage as built (buffers, tied weights, NF4 layout) vs the counted "
+               "parameters",
+    "master_weights": "trainable fp32 parameters as built vs counted",
+    "gradients": "gradient storage as autograd allocates it vs one per trainable parameter",
+    "optimizer": "the optimizer's state tensors as it creates them (small tensors, step "
+                 "counters) vs the bytes-per-parameter table",
+    "activations": "what autograd saved in the real ops (the implementation's kernels, casts "
+                   "and views) vs the per-token derivation",
+    "temporary": "the transient buffers of the real ops (loss backward, casts, optimizer "
+                 "temporaries) vs the derivation's largest one",
+}
+
+
+def differences(traced: MemoryPlan, analytic: MemoryPlan) -> list[dict]:
+    """Components whose traced and analytic figures differ by more than DIFFERENCE_FRACTION of
+    the analytic device peak or of themselves, with the reason the two can differ."""
+    out = []
+    a_peak = max(analytic.per_device.allocated_peak_bytes, 1)
+    for comp in _WHY:
+        t = getattr(traced.per_device, f"{comp}_bytes")
+        a = getattr(analytic.per_device, f"{comp}_bytes")
+        if abs(t - a) > DIFFERENCE_FRACTION * max(a, 1) and abs(t - a) > 0.01 * a_peak:
+            out.append({"component": comp, "traced_bytes": t, "analytic_bytes": a,
+                        "difference_fraction": (t - a) / a if a else None, "why": _WHY[comp]})
+    return out
 
 
 def _derive_fsdp(spec: RunSpec, raw: dict, phases: list[dict]) -> tuple[list[dict], list[str]]:
@@ -336,27 +324,27 @@ def scaled_planner(traced: MemoryPlan, analytic: MemoryPlan):
         a = analytic_plan(spec, arch, stack)
         allocated = max(int(_states(ph) * r_states + _rest(ph) * (r_opt if _is_opt(ph) else r_act))
                         for ph in a.phases)
-        allocated = max(allocated, a.per_device["load_peak_bytes"])
+        allocated = max(allocated, a.per_device.load_peak_bytes)
         slack = runtime_constants()["allocator"]["reserve_slack_fraction"]
-        d = dict(a.per_device, allocated_peak_bytes=allocated,
-                 reserved_peak_bytes=int(allocated * (1 + slack)))
-        d["device_peak_bytes"] = d["reserved_peak_bytes"] + d["runtime_overhead_bytes"]
-        a.per_device = d
+        d = a.per_device
+        d.allocated_peak_bytes = allocated
+        d.reserved_peak_bytes = int(allocated * (1 + slack))
+        d.device_peak_bytes = d.reserved_peak_bytes + d.runtime_overhead_bytes
         return a
 
     return planner
 
 
 def _states(p: Phase) -> int:
-    return p.weights_bytes + p.master_weights_bytes + p.gradients_bytes + p.optimizer_bytes
+    return p.states_bytes
 
 
 def _rest(p: Phase) -> int:
-    return p.total_bytes - _states(p)
+    return p.total_bytes - p.states_bytes
 
 
 def _is_opt(p: Phase) -> bool:
-    return p.name.startswith("optimizer")
+    return p.is_optimizer
 
 
 def _rest_max(plan: MemoryPlan, optimizer: bool) -> int:
@@ -365,198 +353,3 @@ def _rest_max(plan: MemoryPlan, optimizer: bool) -> int:
 
 def _ratio(a: int, b: int) -> float:
     return a / b if b > 0 else 1.0
-
-
-# ============================================================================ the child side
-
-
-def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
-               device: str = "cpu") -> dict:
-    """Two optimizer steps of the spec under a StorageTracker; the peaks of step 2, by phase.
-
-    The step is tunepilot.training.train_step's, phase by phase: forward + loss under the
-    spec's autocast, backward, then gradient clipping, optimizer step, zero_grad, scheduler.
-    `fake=False` runs it on real tensors on `device` (the fake-vs-real test on the CPU; the GPU
-    check on CUDA, which also records the caching allocator's own peak of step 2).
-    """
-    import contextlib
-    import resource
-
-    import torch
-    import transformers
-
-    from tunepilot.memory.tracker import (
-        ACCUMULATION_TOLERANCE_BYTES,
-        STEP2_MICRO_BATCHES,
-        CudaAutocastRules,
-        StorageTracker,
-        attention_path,
-        build_for_trace,
-        register_model,
-        trace_optimizer,
-        unpacked_sequences,
-    )
-    from tunepilot.models import trainable_parameters
-    from tunepilot.training import MAX_GRAD_NORM, autocast_context, build_scheduler, compute_loss
-
-    t0 = time.perf_counter()
-    dev = torch.device("cpu" if fake else device)
-    cuda = dev.type == "cuda"
-    built = build_for_trace(spec, config, fake=fake, device=str(dev))
-    unpacked = unpacked_sequences() if fake else contextlib.nullcontext()
-    # tracing on the CPU for a GPU: apply CUDA autocast's float32 op list (CPU autocast's differs)
-    cuda_rules = spec.precision.endswith("-mixed") and dev.type == "cpu" and stack != "cpu"
-    rules = CudaAutocastRules() if cuda_rules else contextlib.nullcontext()
-    model, notes = built.model, built.notes
-    if cuda_rules:
-        notes.append("autocast: CUDA's rules (its float32 op list: layer_norm, softmax, pow, "
-                     "exp, sum, ... run in fp32) applied to the CPU trace")
-    vocab = int(model.config.vocab_size)
-    accum = spec.gradient_accumulation_steps
-    micro2 = min(accum, STEP2_MICRO_BATCHES)
-    tracker = StorageTracker()
-    with built.fake_mode or contextlib.nullcontext(), unpacked, rules:
-        info = register_model(tracker, model, spec, built.nf4)
-        opt, impl = trace_optimizer(spec, model, stack, notes)
-        sched = build_scheduler(spec, opt, total_steps=2)
-        params = trainable_parameters(model)
-        for p in params:
-            p.register_post_accumulate_grad_hook(lambda q: tracker.classify(q.grad, "gradients"))
-        fp16 = spec.precision == "fp16-mixed"
-        # Synthetic batches have no padding: transformers drops an all-ones mask (a data check
-        # fake tensors cannot answer) and runs causal SDPA with native GQA, so pass none. Text
-        # data may pad: keep a mask, which takes transformers' padded path (a 4-D additive mask,
-        # repeated K/V heads) - the worst case the pilot's longest batch measures.
-        padded = spec.data.source != "synthetic"
-        mask = torch.ones(spec.micro_batch_size, spec.sequence_length, dtype=torch.long,
-                          device=dev) if padded else None
-        notes.append("batches: " + ("padded text: attention mask kept (transformers' padded "
-                                    "path: 4-D mask, K/V heads repeated)" if padded else
-                                    "synthetic, no padding: causal SDPA, no mask, native GQA"))
-        model.train()
-        state = {"batch": None, "losses": []}
-
-        def micro_step(prefix: str) -> None:
-            w = tracker.open_window(prefix + "forward")
-            tracker.begin_forward()
-            ids = torch.randint(0, vocab, (spec.micro_batch_size, spec.sequence_length),
-                                device=dev)
-            state["batch"] = {"input_ids": ids, "labels": ids.clone(), "attention_mask": mask}
-            with autocast_context(spec, dev.type):
-                loss = compute_loss(model, state["batch"], spec) / accum
-            tracker.end_forward()
-            tracker.close_window(w)
-            w = tracker.open_window(prefix + "backward")
-            (loss * scale if fp16 else loss).backward()
-            state["losses"].append(loss.detach())
-            del loss
-            tracker.close_window(w)
-
-        def optimizer_step() -> None:
-            w = tracker.open_window("optimizer-step")
-            if fp16:  # GradScaler.unscale_ (its found-inf check needs values, so no .step())
-                torch._amp_foreach_non_finite_check_and_unscale_(
-                    [p.grad for p in params], torch.zeros(1, device=dev), 1.0 / scale)
-            torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
-            opt.step()
-            for st in opt.state.values():
-                for v in st.values():
-                    if isinstance(v, torch.Tensor):
-                        tracker.classify(v, "optimizer")
-            opt.zero_grad(set_to_none=True)
-            sched.step()
-            state["losses"].clear()
-            tracker.close_window(w)
-
-        with tracker, tracker.saved_tensors_hooks():
-            scale = torch.full((), 65536.0, device=dev) if fp16 else None
-            step1 = tracker.open_window("step 1")
-            micro_step("")
-            optimizer_step()
-            tracker.close_window(step1)
-            n_step1 = len(tracker.peaks)
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            step2 = tracker.open_window("step 2")
-            for i in range(micro2):
-                micro_step(f"micro {i + 1} " if micro2 > 1 else "")
-            optimizer_step()
-            tracker.close_window(step2)
-            if cuda:
-                torch.cuda.synchronize()
-                allocator = {"cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
-                             "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
-        attention, kernel = attention_path(tracker)
-    phases = [p for p in tracker.peaks[n_step1:] if p is not step2]
-    micro_peaks = [max(p.peak_bytes for p in phases if p.name.startswith(f"micro {i + 1} "))
-                   for i in range(micro2)] if micro2 > 1 else []
-    growth = max(0, micro_peaks[2] - micro_peaks[1]) if len(micro_peaks) > 2 else 0
-    if accum > 1:
-        peaks = ", ".join(f"{b / 2**30:.2f}" for b in micro_peaks)
-        notes.append(f"gradient accumulation: step 2 traced {micro2} of {accum} micro-batches "
-                     f"(peaks {peaks} GiB); from the second on a micro-batch repeats the same "
-                     f"allocations (+{growth} B each: the detached loss train_step keeps)")
-    where = f"{'fake' if fake else 'real'} {dev.type.upper()} tensors"
-    notes.insert(0, f"traced: the training step on {where}, "
-                 f"transformers {transformers.__version__}, torch {torch.__version__}, "
-                 "2 optimizer steps, peak of step 2; attention " + attention.split(":")[0])
-    return {
-        "phases": [p.to_dict() for p in phases],
-        "peak_bytes": step2.peak_bytes,
-        "peak_raw_bytes": step2.peak_raw_bytes,
-        "saved_bytes_at_peak": step2.saved_bytes,
-        "step1_peak_bytes": tracker.peaks[n_step1 - 1].peak_bytes,
-        "micro_batch_peaks_bytes": micro_peaks,
-        "accumulation_peak_stable": growth <= ACCUMULATION_TOLERANCE_BYTES,
-        "accumulation_growth_bytes_per_micro_batch": growth,
-        "attention_path": attention,
-        "attention_kernel": kernel,
-        "optimizer_impl": impl,
-        "num_ops": tracker.num_ops,
-        "model": info,
-        "notes": notes,
-        "child_wall_s": round(time.perf_counter() - t0, 2),
-        "child_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "traced_on": f"{where}, torch {torch.__version__}",
-        **(allocator if cuda else {}),
-    }
-
-
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Child entry point: read the request, trace, write the result (always, if Python lives)."""
-    argv = sys.argv[1:] if argv is None else argv
-    req_path, res_path = Path(argv[0]), Path(argv[1])
-    if os.environ.get(ENV_FORCE_ABORT) == "1":
-        os.abort()  # what a C++ abort inside PyTorch looks like to the parent
-    try:
-        req = json.loads(req_path.read_text())
-        spec = RunSpec.model_validate(req["spec"])
-        result = trace_step(spec, req["config"], req["stack"], fake=True)
-        result["status"] = "ok"
-    except Exception as exc:  # every failure becomes a stated reason for the fallback
-        from tunepilot.errors import UserError
-
-        msg = exc.render() if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
-        result = {"status": "error",
-                  "reason": f"tracing failed: {msg.strip()[:600]}{_where(exc)}"}
-    res_path.write_text(json.dumps(result))
-    return 0
-
-
-def _where(exc: BaseException) -> str:
-    """' (in tunepilot/training.py:111 compute_loss)': the innermost frame of tunepilot's own."""
-    import traceback
-
-    frames = [(Path(f.filename).as_posix(), f) for f in traceback.extract_tb(exc.__traceback__)]
-    ours = [(name, f) for name, f in frames if "/tunepilot/" in name]
-    if not ours:
-        return ""
-    name, f = ours[-1]
-    return f" (in tunepilot/{name.split('/tunepilot/')[-1]}:{f.lineno} {f.name})"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

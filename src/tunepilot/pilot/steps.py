@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tunepilot.pilot.memtrack import TensorMemoryTracker, state_tensors, tensor_bytes
+from tunepilot.memory.tracker import StorageTracker, state_tensors, tensor_bytes
 from tunepilot.spec import RunSpec
 from tunepilot.training import StepStats, TrainState, train_step
 
@@ -44,7 +44,7 @@ class InstrumentedStep:
     """Runs ``train_step`` and times it as the pilot does."""
 
     def __init__(self, spec: RunSpec, device_type: str, *, split_every: int | None = None,
-                 tracker: TensorMemoryTracker | None = None):
+                 tracker: StorageTracker | None = None):
         self.spec = spec
         self.device_type = device_type
         self.gpu = device_type == "cuda"
@@ -105,7 +105,7 @@ class StepMemory:
 
 
 def probe_step_memory(state: TrainState, batch_fn: Callable[[], Batch], spec: RunSpec,
-                      tracker: TensorMemoryTracker, step: InstrumentedStep
+                      tracker: StorageTracker, step: InstrumentedStep
                       ) -> tuple[StepRecord, StepMemory]:
     """Run one step under `tracker` and split its memory by component.
 
@@ -167,35 +167,3 @@ def free_memory(model: torch.nn.Module | None = None) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def largest_passing(ok: Callable[[int], bool], upper: int, known_ok: int | None = None,
-                    known_bad: int | None = None) -> tuple[int, list[tuple[int, bool]]]:
-    """The largest x in 1..upper with ok(x) (ok monotone: true up to a point), 0 if none, and
-    the tries made. Doubles from the largest known good value, then bisects."""
-    tries: list[tuple[int, bool]] = []
-
-    def test(x: int) -> bool:
-        r = ok(x)
-        tries.append((x, r))
-        return r
-
-    lo = known_ok or 0
-    hi = known_bad if known_bad is not None else None
-    if hi is None:
-        x = max(lo, 1) if lo == 0 else lo * 2
-        while x <= upper:
-            if test(x):
-                lo, x = x, x * 2
-            else:
-                hi = x
-                break
-        if hi is None:
-            return lo, tries
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if test(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, tries

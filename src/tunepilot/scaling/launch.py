@@ -3,6 +3,9 @@ subprocess, and make sure that when it ends - finished, crashed or timed out - n
 started is left running.
 
 Process layout: tunepilot -> torchrun (start_new_session: its own process group) -> N ranks.
+torchrun and every rank die with their parent (PR_SET_PDEATHSIG on Linux), so even a SIGKILL of
+tunepilot ends them; SIGTERM/SIGINT of tunepilot (the CLI raises them as exceptions) reach the
+teardown below.
 torchrun starts each rank in a session of its own too (torch.distributed.elastic's
 SubprocessHandler uses start_new_session), so killing torchrun's group alone would orphan them.
 We therefore keep a list of torchrun's descendants while it runs (psutil), and tear down by
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from tunepilot.child import die_with_parent, src_pythonpath
 from tunepilot.errors import TunepilotError
 
 TEARDOWN_GRACE_S = 5.0  # SIGTERM -> SIGKILL; torchrun's own default is 30 s
@@ -163,14 +167,14 @@ def launch(name: str, module: str, module_args: list[str], *, nproc: int, log_di
     log_dir.mkdir(parents=True, exist_ok=True)
     cmd = torchrun_command(module, module_args, nproc=nproc, rdzv=rdzv, log_dir=log_dir)
     launcher_log = log_dir / "torchrun.log"
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env = {**src_pythonpath(), "PYTHONUNBUFFERED": "1", **(env or {})}
     t0 = time.monotonic()
     timed_out = False
     with open(launcher_log, "wb") as out:
         out.write(("$ " + " ".join(cmd) + "\n").encode())
         out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
         tracked = _Tree(proc.pid)
         try:
             while proc.poll() is None:

@@ -124,7 +124,7 @@ def probe_node(device: str = "auto", catalog=None) -> NodeProbe:
     if not torch.cuda.is_available():
         raise UserError("--device", "cuda was asked for but torch sees no CUDA/ROCm device.",
                         "Check the driver and CUDA_VISIBLE_DEVICES, or use --device cpu.")
-    from tunepilot.pilot.device import probe_device
+    from tunepilot.device import probe_device
 
     info = probe_device(catalog)  # reused: kind, names, catalog card, NCCL/RCCL version
     n = torch.cuda.device_count()

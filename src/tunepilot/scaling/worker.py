@@ -1,12 +1,13 @@
 """The per-rank entry point of the scaling test, started by torchrun:
 
-    python -m torch.distributed.run --nproc-per-node N -m tunepilot.scaling.worker \
-        --spec SPEC.json --strategy ddp --micro-batch 2 --accumulation 1 --global-batch 4 ...
+    python -m torch.distributed.run --nproc-per-node N -m tunepilot.scaling.worker JOB.json
+
+(the job: spec, strategy, micro-batch, accumulation, global batch, steps, device, out dir).
 
 Each rank builds the spec's model (same seed, so the same weights everywhere), wraps it -
 `DistributedDataParallel`, or FSDP2 `fully_shard` per decoder layer then the root with the spec's
 reshard_after_forward, or nothing for the 1-rank baseline - and runs warm-up + measured optimizer
-steps with tunepilot.training.train_step. Its shard of the data comes from tunepilot.data's
+steps with tunepilot.training.train_step. Its shard of the data comes from tunepilot.dataset's
 StatefulDistributedSampler, so the ranks together read the single-device order: sample k of
 rank r is sample k*N + r of the baseline. It writes OUT/rank{R}.json and, on local rank 0,
 OUT/all_ranks.json with every rank's record (gathered over the process group, so the first
@@ -23,8 +24,6 @@ strategy: step time minus the baseline's time for the same number of micro-batch
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import socket
@@ -32,8 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-CRASH_ENV = "TUNEPILOT_TEST_CRASH_RANK"  # test-only fault hooks: that rank fails / hangs
-HANG_ENV = "TUNEPILOT_TEST_HANG_RANK"
 DOES_NOT_FIT_EXIT = 3
 STRATEGIES = ("single", "ddp", "fsdp")
 
@@ -44,19 +41,10 @@ def progress(rank: int, phase: str, detail: str = "") -> None:
           flush=True)
 
 
-def _fault_hooks(rank: int) -> None:
-    if os.environ.get(CRASH_ENV) == str(rank):
-        raise RuntimeError(f"{CRASH_ENV}={rank}: rank {rank} fails on purpose (test fault hook)")
-    if os.environ.get(HANG_ENV) == str(rank):
-        progress(rank, "init", f"hanging on purpose ({HANG_ENV}={rank}, test fault hook)")
-        while True:
-            time.sleep(3600)
-
-
 def sample_fingerprints(batch: dict) -> list[str]:
-    """One fingerprint per sample, of its unpadded ids and labels (tunepilot.data.
+    """One fingerprint per sample, of its unpadded ids and labels (tunepilot.dataset.
     batch_fingerprint of a one-row batch), so batches cut differently can be compared."""
-    from tunepilot.data import batch_fingerprint
+    from tunepilot.dataset import batch_fingerprint
 
     out = []
     mask = batch["attention_mask"].bool()
@@ -150,7 +138,7 @@ def wrap(model, strategy: str, spec, device, timer: CommTimer | None):
 class MemoryWatch:
     """Peak memory of this rank over the training steps (from after the model is wrapped, so a
     sharded model's full pre-shard copy is not counted): the caching allocator's peak on CUDA;
-    on the CPU the pilot's RSS sampler (tunepilot.pilot.device.MemorySampler: the kernel's exact
+    on the CPU the pilot's RSS sampler (tunepilot.device.MemorySampler: the kernel's exact
     VmHWM after a reset, plus samples), and the whole process's peak RSS beside it."""
 
     def __init__(self, device):
@@ -163,7 +151,7 @@ class MemoryWatch:
         else:
             import psutil
 
-            from tunepilot.pilot.device import MemorySampler
+            from tunepilot.device import MemorySampler
 
             proc = psutil.Process()
             self.sampler = MemorySampler("rss", lambda: proc.memory_info().rss,
@@ -172,7 +160,10 @@ class MemoryWatch:
     def stop(self) -> dict:
         import torch
 
-        from tunepilot.figures import measured
+        from tunepilot.results.figure import Figure
+
+        def measured(value, unit, what):
+            return Figure.measured(value, unit, what=what).to_dict()
 
         if self.device.type == "cuda":
             return {"peak_bytes": measured(int(torch.cuda.max_memory_allocated(self.device)),
@@ -193,50 +184,72 @@ class MemoryWatch:
                                                what="whole-process peak RSS (ru_maxrss)")}
 
 
-def run(a: argparse.Namespace) -> dict:
+def init_group(device_kind: str, threads: int) -> tuple[int, int, object]:
+    """(rank, local rank, torch device) after joining the process group torchrun set up."""
     import torch
     import torch.distributed as dist
 
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    progress(rank, "start", f"pid {os.getpid()} strategy {a.strategy}")
-    if a.device == "cuda":
+    if device_kind == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         dist.init_process_group("nccl", device_id=device)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(a.threads)
+        torch.set_num_threads(threads)
         dist.init_process_group("gloo")
+    return rank, local_rank, device
+
+
+def _step_record(i: int, job: dict, st, timer, batches: list, device) -> dict:
+    import torch
+    import torch.distributed as dist
+
     world = dist.get_world_size()
-    progress(rank, "init", f"world {world} backend {dist.get_backend()}")
-    _fault_hooks(rank)
-    if a.micro_batch * a.accumulation * world != a.global_batch:
-        raise SystemExit(f"rank {rank}: micro-batch {a.micro_batch} x accumulation "
-                         f"{a.accumulation} x {world} ranks != global batch {a.global_batch}")
+    loss = torch.tensor([st.loss], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(loss)  # SUM (gloo has no AVG): the global mean is sum / world
+    return {"step": i, "measured": i >= job["warmup_steps"], "loss_local": st.loss,
+            "loss_global": float(loss.item()) / world, "wall_s": st.wall_s,
+            "useful_tokens": st.useful_tokens, "padded_tokens": st.padded_tokens,
+            "data_wait_s": st.data_wait_s, "forward_s": st.forward_s,
+            "backward_s": st.backward_s, "optimizer_s": st.optimizer_s,
+            "comm_inflight_s": timer.inflight_s if timer else None,
+            "comm_exposed_s": timer.exposed_s() if timer else None,
+            "comm_buckets": timer.buckets if timer else None,
+            "samples": [f for b in batches for f in sample_fingerprints(b)]}
 
-    from tunepilot.data import DataStream, build_dataset, make_loader
-    from tunepilot.models import build_model
+
+def run(job: dict) -> dict:
+    """One rank of a scaling launch: build, wrap, train warm-up + measured steps, report."""
+    import torch
+    import torch.distributed as dist
+
+    from tunepilot.child import call_hook
     from tunepilot.spec import spec_from_dict
-    from tunepilot.training import make_state, train_step
+    from tunepilot.training import build_run, train_step
 
-    spec = spec_from_dict(json.loads(Path(a.spec).read_text()), source=a.spec)
-    base_dir = Path(a.base_dir) if a.base_dir else None
+    rank, local_rank, device = init_group(job["device"], job.get("threads", 1))
+    world = dist.get_world_size()
+    progress(rank, "start", f"pid {os.getpid()} strategy {job['strategy']}")
+    progress(rank, "init", f"world {world} backend {dist.get_backend()}")
+    call_hook()  # tests/support faults: a rank that crashes or hangs here
+    if job["micro_batch"] * job["accumulation"] * world != job["global_batch"]:
+        raise SystemExit(f"rank {rank}: micro-batch {job['micro_batch']} x accumulation "
+                         f"{job['accumulation']} x {world} ranks != global batch "
+                         f"{job['global_batch']}")
+    spec = spec_from_dict(job["spec"], source="the scaling job")
+    timer = CommTimer() if (job["strategy"] == "ddp" and device.type == "cpu") else None
     progress(rank, "model")
-    model = build_model(spec, device, base_dir=base_dir)
-    ds, info = build_dataset(spec, model.config.vocab_size, base_dir)
-    loader = make_loader(spec, ds, info, micro_batch_size=a.micro_batch, rank=rank,
-                         world_size=world, seed=spec.seed)
-    stream = DataStream(loader)
-    timer = CommTimer() if (a.strategy == "ddp" and device.type == "cpu") else None
-    progress(rank, "wrap", a.strategy)
-    model, no_sync = wrap(model, a.strategy, spec, device, timer)
+    run_ = build_run(spec, device, total_steps=job["warmup_steps"] + job["steps"],
+                     base_dir=Path(job["base_dir"]) if job.get("base_dir") else None,
+                     rank=rank, world_size=world, micro_batch_size=job["micro_batch"],
+                     prepare=lambda m: wrap(m, job["strategy"], spec, device, timer))
+    state, stream = run_.state, run_.stream
     params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-                       for p in model.parameters())
-    total = a.warmup_steps + a.steps
-    state = make_state(spec, model, total)
+                       for p in state.model.parameters())
     watch = MemoryWatch(device)
-
     batches: list[dict] = []
 
     def next_batch():
@@ -245,43 +258,40 @@ def run(a: argparse.Namespace) -> dict:
         return b
 
     steps = []
+    total = job["warmup_steps"] + job["steps"]
     for i in range(total):
         progress(rank, "train", f"step {i + 1}/{total}")
         if timer is not None:
             timer.reset()
         batches.clear()
-        st = train_step(state, next_batch, spec, accumulation=a.accumulation, no_sync=no_sync)
-        samples = [f for b in batches for f in sample_fingerprints(b)]
-        loss = torch.tensor([st.loss], dtype=torch.float64, device=device)
-        if world > 1:
-            dist.all_reduce(loss)  # SUM (gloo has no AVG): the global mean is sum / world
-        steps.append({"step": i, "measured": i >= a.warmup_steps, "loss_local": st.loss,
-                      "loss_global": float(loss.item()) / world, "wall_s": st.wall_s,
-                      "useful_tokens": st.useful_tokens, "padded_tokens": st.padded_tokens,
-                      "data_wait_s": st.data_wait_s, "forward_s": st.forward_s,
-                      "backward_s": st.backward_s, "optimizer_s": st.optimizer_s,
-                      "comm_inflight_s": timer.inflight_s if timer else None,
-                      "comm_exposed_s": timer.exposed_s() if timer else None,
-                      "comm_buckets": timer.buckets if timer else None,
-                      "samples": samples})
+        st = train_step(state, next_batch, spec, accumulation=job["accumulation"])
+        steps.append(_step_record(i, job, st, timer, batches, device))
     progress(rank, "report")
-    memory = watch.stop()
     record = {"rank": rank, "local_rank": local_rank, "world_size": world,
-              "host": socket.gethostname(), "pid": os.getpid(), "strategy": a.strategy,
+              "host": socket.gethostname(), "pid": os.getpid(), "strategy": job["strategy"],
               "device": str(device), "backend": dist.get_backend(),
               "threads": torch.get_num_threads(), "cpu_affinity": sorted(os.sched_getaffinity(0)),
-              "micro_batch_size": a.micro_batch, "accumulation": a.accumulation,
-              "global_batch_samples": a.global_batch, "warmup_steps": a.warmup_steps,
+              "micro_batch_size": job["micro_batch"], "accumulation": job["accumulation"],
+              "global_batch_samples": job["global_batch"], "warmup_steps": job["warmup_steps"],
               "reshard_after_forward": spec.parallel.reshard_after_forward
-              if a.strategy == "fsdp" else None,
-              "params_local": int(params_local), "memory": memory,
+              if job["strategy"] == "fsdp" else None,
+              "params_local": int(params_local), "memory": watch.stop(),
               "comm_measure": ("ddp comm hook (see tunepilot.scaling.worker)" if timer else
                                "not measured directly on this strategy/device"),
               "status": "ok", "steps": steps}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    _report(Path(job["out"]), record, rank, local_rank, world)
+    dist.destroy_process_group()
+    progress(rank, "done")
+    return record
+
+
+def _report(out: Path, record: dict, rank: int, local_rank: int, world: int) -> None:
+    """rank{R}.json, and on local rank 0 every rank's record (gathered over the group)."""
+    import torch.distributed as dist
+
     from tunepilot.store import write_json
 
+    out.mkdir(parents=True, exist_ok=True)
     write_json(out / f"rank{rank}.json", record)
     gathered: list = [None] * world
     if world > 1:
@@ -290,44 +300,28 @@ def run(a: argparse.Namespace) -> dict:
         gathered = [record]
     if local_rank == 0:
         write_json(out / "all_ranks.json", {"world_size": world, "ranks": gathered})
-    dist.destroy_process_group()
-    progress(rank, "done")
-    return record
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tunepilot.scaling.worker")
-    p.add_argument("--spec", required=True, help="the run spec as JSON (written by the runner)")
-    p.add_argument("--base-dir", default=None, help="directory relative data paths start from")
-    p.add_argument("--strategy", choices=STRATEGIES, required=True)
-    p.add_argument("--micro-batch", type=int, required=True)
-    p.add_argument("--accumulation", type=int, required=True)
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--warmup-steps", type=int, default=1)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
-    p.add_argument("--out", required=True)
-    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    a = parse_args(argv)
+    from tunepilot.child import die_with_parent, read_job
+
+    die_with_parent()  # torchrun gone (tunepilot killed): this rank goes too
+    job = read_job(argv)
 
     @record
     def _main() -> None:
         import torch
 
         try:
-            run(a)
+            run(job)
         except torch.OutOfMemoryError as exc:
             rank = int(os.environ.get("RANK", "0"))
             from tunepilot.store import write_json
 
-            write_json(Path(a.out) / f"rank{rank}.json",
-                       {"rank": rank, "strategy": a.strategy, "status": "does_not_fit",
+            write_json(Path(job["out"]) / f"rank{rank}.json",
+                       {"rank": rank, "strategy": job["strategy"], "status": "does_not_fit",
                         "error": str(exc).splitlines()[0]})
             progress(rank, "report", "out of memory")
             sys.exit(DOES_NOT_FIT_EXIT)

@@ -1,0 +1,109 @@
+"""The `tunepilot` command line: a shell over the library. Each command parses its flags, calls
+one library function and ends with ``show(result, as_json, view)``; ``main`` maps errors to exit
+codes (bad input 2, a failed gate or run 1, no capacity 3) - never a traceback.
+
+One module per family of commands: plan (plan, presets, cards), pilot (pilot, watch), restore
+(restore, verify, export), scale, cost (quote, compare), ledger (book, bookings, ...), run (run,
+demo, report), data (data), tools (import, catalog import, launch). Heavy imports (torch,
+transformers) happen inside the commands that need them, so `plan`, `quote` and `book` start
+fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import typer
+
+from tunepilot.errors import TunepilotError, UserError
+
+app = typer.Typer(
+    name="tunepilot",
+    help="Which accelerator, how many, for how long, and what each useful trained token costs - "
+    "measured before the term is booked.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from tunepilot.pilot.provenance import tunepilot_version
+
+        sys.stdout.write(f"tunepilot {tunepilot_version()}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.",
+                                       callback=_version, is_eager=True)) -> None:
+    """Which accelerator, how many, for how long, and what each useful trained token costs."""
+
+
+from tunepilot.cli import cost, data, ledger, pilot, plan, restore, run, scale, tools  # noqa: E402,F401
+
+
+def console_main() -> None:
+    """The `tunepilot` console script: main, then leave at once after the last output (no
+    seconds of interpreter teardown of torch and friends)."""
+    main(hard_exit=True)
+
+
+def main(*, hard_exit: bool = False) -> None:
+    """Run the command line: user errors exit 2 with one paragraph, never a traceback. Usage
+    errors (unknown option, missing argument) are click's: exit 2 with the usage line."""
+    from tunepilot.child import Terminated, raise_on_terminate
+
+    # tunepilot never downloads: models come from shipped configs, data and tokenizers from disk
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    raise_on_terminate()
+    code = 0
+    try:
+        rv = app(standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+    except UserError as exc:
+        code = _fail(exc, exc.exit_code)
+    except TunepilotError as exc:
+        code = _fail(exc, exc.exit_code)
+    except (KeyboardInterrupt, Terminated) as exc:
+        sys.stderr.write("interrupted\n" if isinstance(exc, KeyboardInterrupt) else f"{exc}\n")
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 128 + exc.signum
+    except Exception as exc:  # click's usage errors and aborts
+        code = _click_error(exc)
+    _exit(code, hard_exit)
+
+
+def _click_error(exc: Exception) -> int:
+    import click
+
+    if isinstance(exc, click.exceptions.ClickException):
+        exc.show()
+        return exc.exit_code
+    if isinstance(exc, click.exceptions.Abort):
+        sys.stderr.write("aborted\n")
+        return 1
+    raise exc
+
+
+def _exit(code: int, hard: bool) -> None:
+    """Flush, then leave: the console script skips the interpreter's teardown (os._exit)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if hard:
+        os._exit(code)
+    sys.exit(code)
+
+
+def _fail(exc: TunepilotError, code: int) -> int:
+    if "--json" in sys.argv:
+        payload = exc.to_dict() if hasattr(exc, "to_dict") else {
+            "error": type(exc).__name__, "message": str(exc)}
+        sys.stdout.write(json.dumps(payload, default=str) + "\n")
+    sys.stderr.write(f"error: {exc}\n")
+    return code

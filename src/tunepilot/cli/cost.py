@@ -1,0 +1,87 @@
+"""quote and compare."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tunepilot.cli import app
+from tunepilot.cli.common import (
+    CatalogOpt,
+    DaysOpt,
+    DbOpt,
+    FromOpt,
+    HoursOpt,
+    JsonOpt,
+    OptionOpt,
+    SpecArg,
+    emit_json,
+    load_run_spec,
+)
+
+
+@app.command()
+def quote(
+    spec: SpecArg,
+    card: Annotated[str, typer.Option("--card", help="The card, e.g. h200.")],
+    count: Annotated[int, typer.Option("--count", help="How many cards.")] = 1,
+    hours: HoursOpt = None,
+    days: DaysOpt = None,
+    option: OptionOpt = None,
+    from_dir: FromOpt = None,
+    catalog: CatalogOpt = None,
+    save: Annotated[bool, typer.Option("--save", help="Save to the ledger; prints a QUOTE_ID.")
+                    ] = False,
+    db: DbOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The time the job needs on COUNT x CARD, the term's itemised cost, and the cost per million
+    useful tokens; every figure marked measured or projected. Without --hours/--days the term is
+    the cheapest one covering the job plus the safety margin.
+
+    Example: tunepilot quote examples/llama3-8b-lora.yaml --card h200 --count 1 --days 2
+    """
+    from tunepilot import cost, ledger
+    from tunepilot.catalog import load_catalog, warn_if_stale
+    from tunepilot.cost.terms import parse_duration
+
+    run_spec = load_run_spec(spec)
+    term_s = parse_duration(hours, days, required=False)
+    cat = load_catalog(catalog)
+    warn_if_stale(cat)
+    result = cost.quote(run_spec, card_id=card, count=count, term_s=term_s, options=option,
+                        run_dir=from_dir, catalog=cat, base_dir=spec.parent)
+    body = result.to_dict()
+    if save:
+        body["quote_id"] = ledger.save_quote(db, body)
+    if as_json:
+        emit_json(body)
+        return
+    from tunepilot.views.common import console
+    from tunepilot.views.cost import render_quote
+
+    render_quote(result)
+    if save:
+        console.print(f"saved as quote {body['quote_id']}: tunepilot book --quote "
+                      f"{body['quote_id']} --start <UTC time>")
+
+
+@app.command()
+def compare(spec: SpecArg, from_dir: FromOpt = None, catalog: CatalogOpt = None,
+            as_json: JsonOpt = False) -> None:
+    """Every card x count that fits (1, 2, 4, 8 and the fewest FSDP needs), ranked by cost per
+    million useful tokens on the cheapest term that covers the job, with time to finish.
+
+    Example: tunepilot compare examples/llama3-8b-lora.yaml
+    """
+    from tunepilot import cost
+    from tunepilot.catalog import load_catalog, warn_if_stale
+    from tunepilot.cli.common import show
+    from tunepilot.views.cost import render_compare
+
+    cat = load_catalog(catalog)
+    warn_if_stale(cat)
+    result = cost.compare(load_run_spec(spec), run_dir=from_dir, catalog=cat,
+                          base_dir=spec.parent)
+    show(result, as_json, render_compare)

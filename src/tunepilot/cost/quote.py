@@ -1,0 +1,393 @@
+"""Term quotes: how long the job needs on N cards, what the term costs, and the cost per useful token.
+
+Time the job needs = provisioning + set-up + model load + training (target useful tokens /
+useful tokens/s at that card and count, cost/throughput.py) + validation passes
+(spec.validation.every_steps) + checkpoint writes (spec.checkpoint.every_steps) + the final
+export. Each term is **measured** when the run directory (``--from RUN_DIR``) holds a measurement
+made on *this* card, else **projected** by a stated rule:
+
+- provisioning (before tunepilot's process starts on the rented cluster) is always assumed;
+- set-up, model load, checkpoint write and export are machine-bound: measured on another card,
+  or on a device that is not a catalog card (a CPU pilot), they are carried over unchanged
+  (projected). A CPU pilot's throughput and validation pass are compute-bound and not carried (a
+  CPU has no catalog peak to scale by). Sizes (checkpoint bytes, the useful-token fraction) are
+  properties of the run, not the machine: measured anywhere, they stay measured.
+Every assumption comes from ``resources/cost_model.yaml`` with its source. The term's price
+(billed time, term discount, options, in integer cents) is cost/terms.py. Money is Decimal or
+integer cents, never a float.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+from tunepilot.catalog import Card, Catalog, load_catalog
+from tunepilot.cost.assumptions import assumed
+from tunepilot.cost.measurements import RunMeasurements, measured_value, read_run_dir
+from tunepilot.cost.terms import check_count, parse_options, term_cost
+from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
+from tunepilot.errors import UserError
+from tunepilot.model.flops import DTYPE_BYTES, FlopsPerToken, flops_per_token, optimizer_state_bytes
+from tunepilot.results.figure import MEASURED, PROJECTED, Figure
+from tunepilot.results.plan import CardFit, ParamSplit
+from tunepilot.results.quote import Comparison, Quote, Refusal, TimeTerm
+from tunepilot.spec import RunSpec
+from tunepilot.units import fmt_bytes
+
+__all__ = ["MEASURED", "PROJECTED", "compare", "quote"]
+COMPARE_COUNTS = (1, 2, 4, 8)
+SOURCE_CHECKPOINT_BYTES_PER_PARAM = 2  # 16-bit weights, as Hugging Face ships Llama-class models
+_USD_PER_M = Decimal("0.0001")  # cost per million useful tokens is shown to 1/100 of a cent
+
+
+@dataclass
+class _Ctx:
+    """What every quote of one spec shares: the arithmetic, the fit, the measurements."""
+
+    spec: RunSpec
+    catalog: Catalog
+    arch: object
+    params: ParamSplit
+    flops: FlopsPerToken
+    fit: dict[str, CardFit]  # card id -> plan row
+    run: RunMeasurements | None
+    profile: object = None  # the dataset's length profile (tunepilot data), when there is one
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """Trainable weights + optimizer state (the one table, model/flops.py)."""
+        full = 2 if self.spec.precision == "bf16-true" and not self.spec.method.is_lora else 4
+        weights = self.params.trainable * full
+        return int(weights + optimizer_state_bytes(self.arch, self.spec, self.params.trainable))
+
+    @property
+    def target_tokens(self) -> float:
+        """Useful tokens the term must deliver: the spec's tokens, or epochs x the supervised
+        tokens of one epoch (the dataset's profile, else target.dataset_tokens)."""
+        target = self.spec.target
+        if target.epochs is not None and self.profile is not None:
+            return target.epochs * self.profile.tokens_supervised.value
+        return target.useful_tokens
+
+    @property
+    def load_bytes(self) -> int:
+        per = DTYPE_BYTES["fp32"] if self.spec.precision == "fp32" else \
+            SOURCE_CHECKPOINT_BYTES_PER_PARAM
+        return (self.params.frozen if self.spec.method.is_lora else self.params.total) * per
+
+
+def _context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None,
+             card_ids: list[str] | None, base_dir: Path | None) -> _Ctx:
+    from tunepilot.memory.plan import make_plan
+    from tunepilot.model.arch import resolve_arch
+
+    run = read_run_dir(run_dir, spec, catalog) if run_dir is not None else None
+    arch = resolve_arch(spec, base_dir)
+    wanted = [c.id for c in catalog.select(card_ids)]
+    staged = _staged_plan(run_dir, spec)
+    if staged is not None and all(staged.card(c) for c in wanted):
+        params, fit = staged.params, {c.card: c for c in staged.cards}  # the gated plan
+    else:
+        plan = make_plan(spec, catalog=catalog, card_ids=card_ids, arch=arch, base_dir=base_dir)
+        params, fit = plan.params, {c.card: c for c in plan.cards}
+    return _Ctx(spec, catalog, arch, params, flops_per_token(arch, spec), fit, run,
+                _profile(run_dir, spec))
+
+
+def _staged_plan(run_dir: Path | str | None, spec: RunSpec):
+    """RUN_DIR/plan.json when it is this spec's (the plan the staged pilot gated on)."""
+    if run_dir is None:
+        return None
+    from tunepilot.results.plan import MemoryPlan
+    from tunepilot.store import RunDir
+
+    run = RunDir(run_dir)
+    return run.read_if(MemoryPlan) if run.stage_done("plan", spec.spec_hash()) else None
+
+
+def _profile(run_dir: Path | str | None, spec: RunSpec):
+    if run_dir is None:
+        return None
+    from tunepilot.results.data import DataProfile
+    from tunepilot.store import RunDir
+
+    run = RunDir(run_dir)
+    return run.read_if(DataProfile) if run.stage_done("data", spec.spec_hash()) else None
+
+
+def _machine(ctx: _Ctx, card: Card, stage: str, fig: Figure | None, unit: str, what: str,
+             where: str) -> Figure | None:
+    """A machine-bound measurement: measured on this card; carried over unchanged (projected)
+    from another card or a device that is not a catalog card (a CPU pilot)."""
+    value = measured_value(fig)
+    if value is None or ctx.run is None:
+        return None
+    where = f"{stage}.json {where}"
+    if ctx.run.card_id == card.id:
+        return Figure.measured(value, unit, f"{what}: {where} on {card.id}")
+    return Figure.projected(value, unit, f"{what}: {where} measured on "
+                            f"{ctx.run.card_id or ctx.run.device}, carried over unchanged "
+                            "(machine-bound, not card-bound)")
+
+
+def _strategy(ctx: _Ctx, card: Card, count: int) -> str | None:
+    """The parallel strategy the quote assumes, or None when the run does not fit at ``count``."""
+    need = ctx.fit[card.id].devices_needed
+    ddp_ok = need.ddp == 1
+    fsdp_ok = need.fsdp is not None and count >= need.fsdp
+    if count == 1:
+        return "single" if ddp_ok else None
+    if ctx.spec.parallel.strategy == "fsdp" and fsdp_ok:
+        return "fsdp"
+    return "ddp" if ddp_ok else ("fsdp" if fsdp_ok else None)
+
+
+def _does_not_fit(ctx: _Ctx, card: Card, count: int) -> str:
+    row = ctx.fit[card.id]
+    need = row.devices_needed.fsdp
+    head = (f"device peak {fmt_bytes(row.device_peak_bytes)} on a card of "
+            f"{fmt_bytes(row.capacity_bytes)} leaves {row.headroom_fraction:.0%} free")
+    if need is None:
+        return (f"the run does not fit {card.id} at any card count: {head}, and FSDP does not "
+                "shrink the per-rank activations; see `tunepilot plan` (activation_checkpointing "
+                "or a smaller micro_batch_size)")
+    return f"the run does not fit {count} x {card.id}: {head}; FSDP needs at least {need} cards"
+
+
+class _Terms:
+    """The job's time terms, one added at a time."""
+
+    def __init__(self) -> None:
+        self.terms: list[TimeTerm] = []
+
+    def add(self, name: str, times: int, each: Figure) -> None:
+        total = Figure(value=each.value * times, unit="s", basis=each.basis,
+                       how=f"{times} x {each.value:,.1f} s")
+        self.terms.append(TimeTerm(name=name, times=times, each=each, total=total))
+
+
+def _fixed_terms(ctx: _Ctx, card: Card, t: _Terms) -> None:
+    """Provisioning, set-up and model load: paid once per job."""
+    pilot = ctx.run.pilot if ctx.run else None
+    t.add("provisioning", 1, Figure.projected(
+        assumed("provisioning_s"), "s", "assumed (cost_model.yaml provisioning_s): happens on "
+        "the rented cluster, no stage measures it"))
+    t.add("set-up", 1, _machine(ctx, card, "pilot", pilot and pilot.timings.setup_s, "s",
+                                "set-up", "timings.setup_s")
+          or Figure.projected(assumed("process_setup_s"), "s",
+                              "assumed (cost_model.yaml process_setup_s)"))
+    load = _machine(ctx, card, "pilot", pilot and pilot.timings.model_load_s, "s", "load",
+                    "timings.model_load_s")
+    if load is not None and ctx.spec.model.weights == "random":
+        load = load.model_copy(update={"how": load.how + " (random weights, as the spec says; "
+                                               "reading pretrained weights takes longer)"})
+    rate = assumed("model_load_bytes_per_s")
+    t.add("model load", 1, load or Figure.projected(
+        ctx.load_bytes / rate, "s", f"{ctx.load_bytes / 1e9:,.2f} GB of weights / assumed "
+        f"{rate / 1e9:g} GB/s (model_load_bytes_per_s)"))
+
+
+def _validation(ctx: _Ctx, card: Card, useful: Figure, one: Figure) -> Figure:
+    pilot = ctx.run.pilot if ctx.run else None
+    val = _machine(ctx, card, "pilot", pilot and pilot.timings.validation_pass_s, "s",
+                   "validation pass", "timings.validation_pass_s")
+    if val is not None and ctx.run.card_id is None:
+        val = None  # compute-bound, and a CPU has no catalog peak to scale it by
+    elif val is not None and val.basis == PROJECTED:
+        m_one = per_card(ctx, ctx.catalog.get(ctx.run.card_id), useful)
+        val = Figure.projected(val.value * m_one.value / one.value, "s",
+                               f"validation pass measured on {ctx.run.card_id}, scaled by the "
+                               "per-card throughput ratio")
+    if val is None:
+        spec, f = ctx.spec, ctx.flops
+        vt = spec.validation.num_batches * spec.tokens_per_micro_batch
+        val = Figure.projected(vt * f.forward / f.train / one.value, "s",
+                               f"{vt:,} tokens forward only (forward/training FLOPs "
+                               f"{f.forward / f.train:.2f}) at the per-card rate; each rank runs "
+                               "num_batches")
+    return val
+
+
+def _checkpoint_terms(ctx: _Ctx, card: Card, t: _Terms, steps: int) -> None:
+    run = ctx.run
+    size = None
+    if run and run.restore:
+        size = measured_value(run.restore.checkpoint_bytes)
+    if size is None and run and run.pilot:
+        size = measured_value(run.pilot.timings.checkpoint_bytes)
+    ckpt = Figure.measured(size, "bytes", "checkpoint_bytes from the run directory") \
+        if size is not None else Figure.projected(
+            ctx.checkpoint_bytes, "bytes", "trainable parameters x (weight + optimizer-state "
+            "bytes, the optimizer-state table of model/flops.py)")
+    write = (_machine(ctx, card, "restore", run.restore.save_s, "s", "checkpoint save", "save_s")
+             if run and run.restore else None) or (
+        _machine(ctx, card, "pilot", run.pilot.timings.checkpoint_write_s, "s",
+                 "checkpoint write", "timings.checkpoint_write_s") if run and run.pilot else None)
+    bw = assumed("checkpoint_write_bytes_per_s")
+    t.add("checkpoint writes", steps // ctx.spec.checkpoint.every_steps, write or Figure.projected(
+        ckpt.value / bw, "s", f"{ckpt.value / 1e9:,.3g} GB ({ckpt.basis}) / assumed "
+        f"{bw / 1e9:g} GB/s"))
+    rate = _export_rate(ctx, card)
+    ebw = assumed("export_bytes_per_s")
+    t.add("export", 1, Figure(value=ckpt.value / rate.value, unit="s",
+                              basis=all_measured(rate, ckpt),
+                              how=f"{ckpt.value / 1e9:,.3g} GB / {rate.how}")
+          if rate and rate.value else Figure.projected(
+              ckpt.value / ebw, "s", f"{ckpt.value / 1e9:,.3g} GB ({ckpt.basis}) / assumed "
+              f"{ebw / 1e9:g} GB/s (export_bytes_per_s)"))
+
+
+def _export_rate(ctx: _Ctx, card: Card) -> Figure | None:
+    """export.json bytes_per_s (or bytes / seconds), as a machine-bound figure."""
+    export = ctx.run.export if ctx.run else None
+    if export is None:
+        return None
+    rate = _machine(ctx, card, "export", export.bytes_per_s, "B/s", "export bandwidth",
+                    "bytes_per_s")
+    b, s = measured_value(export.bytes), measured_value(export.seconds)
+    if rate is None and b and s:
+        base = _machine(ctx, card, "export", export.seconds, "s", "export bytes / seconds",
+                        "seconds")
+        rate = base and Figure(value=b / s, unit="B/s", basis=base.basis, how=base.how)
+    return rate
+
+
+def _job(ctx: _Ctx, card: Card, count: int, strategy: str):
+    spec = ctx.spec
+    useful = useful_fraction(ctx)
+    one = per_card(ctx, card, useful)
+    eff, total = scaled(ctx, card, count, strategy, one)
+    tokens_per_step = spec.tokens_per_step_on(count)
+    target = ctx.target_tokens
+    steps = math.ceil(target / (tokens_per_step * useful.value))
+    t = _Terms()
+    _fixed_terms(ctx, card, t)
+    t.add("training", 1, Figure(value=target / total.value, unit="s", basis=total.basis,
+                                how=f"{target:,.0f} useful tokens / {total.value:,.0f} tokens/s"))
+    t.add("validation", steps // spec.validation.every_steps, _validation(ctx, card, useful, one))
+    _checkpoint_terms(ctx, card, t, steps)
+    job = Figure(value=sum(x.total.value for x in t.terms), unit="s",
+                 basis=all_measured(*(x.total for x in t.terms)), how="sum of the terms")
+    throughput = {"useful_fraction": useful, "per_card": one, "efficiency": eff, "total": total}
+    return throughput, t.terms, job, steps, tokens_per_step
+
+
+def _cost_per_million(cents: int | Decimal, tokens: float) -> Decimal | None:
+    if tokens <= 0:
+        return None
+    usd = Decimal(cents) / 100 * Decimal(10**6) / Decimal(repr(float(tokens)))
+    return usd.quantize(_USD_PER_M, rounding=ROUND_HALF_UP)
+
+
+def _terms(card: Card, count: int, job: Figure, term_s: int | None, options: dict):
+    """(the term quoted, the shortest covering term, its billing steps, the cheapest covering
+    term): the shortest is the job plus the safety margin rounded up to the billing
+    increment; the cheapest may be a longer, discounted one."""
+    margin = assumed("safety_margin")
+    step = card.pricing.billing_increment_s
+    n_steps = math.ceil(job.value * (1 + margin) / step)
+    shortest = term_cost(card, count, max(n_steps * step, 1), options)
+    candidates = [shortest] + [term_cost(card, count, t.hours * 3600, options)
+                               for t in card.pricing.terms if t.hours * 3600 > shortest.term_s]
+    cheapest = min(candidates, key=lambda c: (c.total_cents, c.term_s))
+    term = term_cost(card, count, term_s, options) if term_s is not None else cheapest
+    return term, shortest, n_steps, cheapest
+
+
+def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict) -> Quote:
+    strategy = _strategy(ctx, card, count)
+    if strategy is None:
+        raise UserError("card", _does_not_fit(ctx, card, count) + ".",
+                        "Pick a card and count from `tunepilot compare SPEC`.")
+    throughput, terms, job, steps, tps = _job(ctx, card, count, strategy)
+    term, shortest, n_steps, cheapest = _terms(card, count, job, term_s, options)
+    target = ctx.target_tokens
+    fixed = sum(t.total.value for t in terms
+                if t.name in ("provisioning", "set-up", "model load", "export"))
+    share = min(1.0, max(0.0, (term.term_s - fixed) / max(job.value - fixed, 1e-9)))
+    disc = Decimal(term.discount_percent) / 100
+    job_cost = (count * Decimal(repr(job.value)) / 3600 * card.pricing.on_demand_usd_per_hour
+                * (1 - disc))
+    notes = []
+    if count > card.inventory.count:
+        notes.append(f"the local inventory has {card.inventory.count} x {card.id}; "
+                     "`tunepilot book` will refuse more")
+    if term.term_s < job.value:
+        notes.append(f"the term is {(job.value - term.term_s) / 3600:,.1f} h short: it delivers "
+                     f"{share:.0%} of the target")
+    return Quote(
+        spec_label=ctx.spec.label, spec_hash=ctx.spec.spec_hash(), card_id=card.id, count=count,
+        strategy=strategy, target_useful_tokens=target, optimizer_steps=steps,
+        tokens_per_step=tps, throughput=throughput, time_terms=terms, job_s=job, term=term,
+        finishes_in_term=term.term_s >= job.value, margin_s=term.term_s - job.value,
+        margin_fraction=(term.term_s - job.value) / job.value,
+        useful_tokens_in_term=target * share, shortest_term=shortest,
+        shortest_term_steps=n_steps, cheapest_term=cheapest,
+        cost_per_million_term_usd=_cost_per_million(term.total_cents, target * share),
+        cost_per_million_job_usd=_cost_per_million(job_cost * 100, target) or Decimal(0),
+        job_cost_usd=job_cost.quantize(Decimal("0.01"), rounding=ROUND_HALF_UP),
+        safety_margin=assumed("safety_margin"), pricing_source=card.pricing.source,
+        pricing_as_of=card.pricing.as_of,
+        run_dir=ctx.run.source() if ctx.run else None,
+        padding=_padding(ctx, job, throughput["useful_fraction"]),
+        notes=notes + (ctx.run.notes if ctx.run else []))
+
+
+def _padding(ctx: _Ctx, job: Figure, useful: Figure) -> dict | None:
+    """How much of the training time pays for padding, and what packing would save (a dataset
+    profile knows both)."""
+    if ctx.profile is None:
+        return None
+    return ctx.profile.padding_summary(ctx.spec, job, useful)
+
+
+def quote(spec: RunSpec, *, card_id: str, count: int, term_s: int | None,
+          options: list[str] | None = None, run_dir: Path | str | None = None,
+          catalog: Catalog | None = None, base_dir: Path | None = None) -> Quote:
+    """Quote ``count`` x ``card_id`` for ``term_s`` seconds (None: the cheapest covering term)."""
+    catalog = catalog or load_catalog()
+    card = catalog.get(card_id)
+    check_count(count)
+    if term_s is not None and term_s <= 0:
+        raise UserError("hours", f"the term must be longer than 0 s, got {term_s}.")
+    opts = parse_options(card, options)
+    ctx = _context(spec, catalog, run_dir, [card.id], base_dir)
+    return _build(ctx, card, count, term_s, opts)
+
+
+def compare(spec: RunSpec, *, run_dir: Path | str | None = None, catalog: Catalog | None = None,
+            base_dir: Path | None = None) -> Comparison:
+    """Quote every fitting card x count (1, 2, 4, 8 and the fewest FSDP needs) on its cheapest
+    covering term and rank by cost per million useful tokens."""
+    catalog = catalog or load_catalog()
+    ctx = _context(spec, catalog, run_dir, None, base_dir)
+    rows, refused, dropped = [], [], []
+    for card in catalog.cards:
+        need = ctx.fit[card.id].devices_needed
+        least = 1 if need.ddp == 1 else need.fsdp
+        if least is None:
+            refused.append(Refusal(card=card.id, reason=_does_not_fit(ctx, card, 1)))
+            continue
+        counts = sorted({c for c in (*COMPARE_COUNTS, least, 2 * least)
+                         if least <= c <= max(COMPARE_COUNTS[-1], 2 * least)})
+        dropped += [f"{card.id} x {c}: the run does not fit fewer than {least} of them"
+                    for c in COMPARE_COUNTS if c < least]
+        rows += [_build(ctx, card, count, None, {}) for count in counts]
+    rows.sort(key=lambda q: (q.cost_per_million_term_usd is None,
+                             q.cost_per_million_term_usd or 0, q.job_s.value))
+    return Comparison(spec_label=spec.label, spec_hash=spec.spec_hash(), rows=rows,
+                      refused=refused, dropped=_dropped_spec_count(spec, rows) + dropped,
+                      run_dir=ctx.run.source() if ctx.run else None)
+
+
+def _dropped_spec_count(spec: RunSpec, rows: list[Quote]) -> list[str]:
+    """The spec's own card count, when it is not among the ranked rows, with why."""
+    n = spec.parallel.world_size
+    if n == 1 or any(q.count == n for q in rows):
+        return []
+    return [f"the spec's parallel.world_size of {n} is not ranked: compare quotes 1, 2, 4, 8 "
+            "cards and the fewest each card needs; quote that count with `tunepilot quote "
+            f"SPEC --card CARD --count {n}`"]

@@ -1,0 +1,103 @@
+"""Useful tokens per second of one card and of N cards, for the quote.
+
+Per card, best evidence first:
+- measured by the pilot on this very card (pilot.json throughput.useful_tokens_per_s);
+- measured on another catalog card M: step time on the target = measured x (f x peak_M /
+  peak_T + (1 - f) x hbm_M / hbm_T), f = compute_bound_fraction (assumed);
+- projected from FLOPs: MFU x dense peak / FLOPs per token (model/flops.py), the MFU from the
+  throughput model (cost/mfu.py: by implementation, method, precision and card, each value from
+  a published measurement).
+N cards: N x scaling efficiency x one card, the efficiency measured by scale.json on this card
+(exact when its nproc is N) or assumed (cost_model.yaml scaling_efficiency_assumed).
+"""
+
+from __future__ import annotations
+
+from tunepilot.catalog import Card
+from tunepilot.cost.assumptions import assumed, efficiency_assumed
+from tunepilot.cost.measurements import measured_value
+from tunepilot.model.flops import peak_precision
+from tunepilot.results.figure import MEASURED, PROJECTED, Figure
+from tunepilot.units import fmt_number
+
+
+def useful_fraction(ctx) -> Figure:
+    """Useful (supervised) tokens / token positions: measured by the pilot, else the data
+    profile's, else none lost."""
+    pilot = ctx.run.pilot if ctx.run else None
+    useful = measured_value(pilot.throughput.useful_tokens_per_s) if pilot else None
+    padded = measured_value(pilot.throughput.padded_tokens_per_s) if pilot else None
+    if useful and padded:
+        return Figure.measured(min(useful / padded, 1.0), "fraction",
+                               "pilot.json useful / padded tokens per s (a property of the data)")
+    if ctx.profile is not None:
+        return ctx.profile.useful_fraction_figure(ctx.spec)
+    if ctx.spec.data.source == "synthetic":
+        return Figure.projected(1.0, "fraction", "synthetic data has no padding")
+    return Figure.projected(1.0, "fraction", "assumed no padding: the pilot measures it")
+
+
+def per_card(ctx, card: Card, useful: Figure) -> Figure:
+    """Useful tokens/s of one card of this kind (as if the run fitted on one)."""
+    from tunepilot.errors import UserError
+
+    key = peak_precision(ctx.spec)
+    peak = card.peak_flops(key)
+    if peak is None:
+        raise UserError("card", f"{card.id} has no {key} peak in the catalog.", None)
+    run = ctx.run
+    pilot = run.pilot if run else None
+    measured = measured_value(pilot.throughput.useful_tokens_per_s) if pilot else None
+    if measured and run.card_id == card.id:
+        return Figure.measured(measured, "tokens/s",
+                               f"pilot.json throughput.useful_tokens_per_s on {card.id}")
+    if measured and run.card_id is not None:
+        m = ctx.catalog.get(run.card_id)
+        f = assumed("compute_bound_fraction")
+        m_peak = m.peak_flops(key) or peak
+        ratio = f * m_peak / peak + (1 - f) * m.hbm_bandwidth_tbps / card.hbm_bandwidth_tbps
+        return Figure.projected(
+            measured / ratio, "tokens/s",
+            f"{measured:,.0f} tokens/s measured on {m.id}; step time x ({f:g} x {key} peak "
+            f"{m_peak / 1e12:g}/{peak / 1e12:g} + {1 - f:g} x HBM {m.hbm_bandwidth_tbps:g}/"
+            f"{card.hbm_bandwidth_tbps:g}) (compute_bound_fraction assumed)")
+    from tunepilot.cost.mfu import mfu_for
+
+    mfu = mfu_for(ctx.spec, card, ctx.arch)
+    tps = mfu.value * peak / ctx.flops.train * useful.value
+    return Figure.projected(
+        tps, "tokens/s",
+        f"MFU {mfu.value:.3g} ({mfu.how}) x dense {key} peak {fmt_number(peak / 1e12)} TFLOP/s "
+        f"/ {ctx.flops.formula}" + (f" x useful fraction {useful.value:.3g}"
+                                    if useful.value < 1 else ""),
+        mfu=mfu.to_dict())
+
+
+def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Figure, Figure]:
+    """(efficiency, total useful tokens/s) of ``count`` cards."""
+    if count == 1:
+        return Figure(value=1.0, unit="fraction", basis=one.basis, how="one card: no scaling"), one
+    run = ctx.run
+    entry = run.strategy(strategy) if run else None
+    same_card = run is not None and run.card_id == card.id
+    if same_card and entry is not None and entry.nproc == count and entry.useful_tokens_per_s:
+        eff = entry.efficiency if entry.efficiency is not None else \
+            entry.useful_tokens_per_s / (count * one.value)
+        how = f"scale.json strategies.{strategy} at nproc={count} on {card.id}"
+        return (Figure.measured(eff, "fraction", how),
+                Figure.measured(entry.useful_tokens_per_s, "tokens/s", how))
+    if same_card and entry is not None and entry.efficiency is not None and entry.nproc:
+        e = Figure.projected(entry.efficiency, "fraction",
+                             f"scale.json strategies.{strategy}.efficiency measured at "
+                             f"nproc={entry.nproc} on {card.id}, applied at {count}")
+    else:
+        e = Figure.projected(efficiency_assumed(strategy, count), "fraction",
+                             f"assumed {strategy} efficiency at {count} cards (cost_model.yaml "
+                             "scaling_efficiency_assumed)")
+    return e, Figure.projected(count * e.value * one.value, "tokens/s",
+                               f"{count} x efficiency {e.value:.3g} x {one.value:,.0f} tokens/s "
+                               "per card")
+
+
+def all_measured(*figures: Figure | None) -> str:
+    return MEASURED if all(f is None or f.basis == MEASURED for f in figures) else PROJECTED

@@ -1,0 +1,433 @@
+"""The local allocation and billing ledger: an embedded SQLite database of bookings and invoices.
+
+Cards are allocated from the catalog's ``inventory.count`` over half-open UTC intervals
+[start, end). A booking is refused (``CapacityError``, exit code 3) when, at any instant of its
+interval, the cards already booked plus the ones asked for would exceed the inventory; the refusal
+says what is free instead. Check and insert run inside one ``BEGIN IMMEDIATE`` transaction, so two
+processes racing for the last cards are serialised by SQLite: exactly one wins.
+
+Money is integer cents. A booking's invoice holds the line items of its term (from the saved quote
+when ``--quote`` names one, else priced from the catalog at booking time); a cancellation adds a
+refund line (negative) computed from the cancellation policy in force when the booking was made,
+by the time of cancelling relative to the start. An invoice's total is always the sum of its lines.
+
+The database lives in platformdirs' user data dir (``tunepilot/ledger.sqlite3``) unless ``--db``
+(or ``TUNEPILOT_DB``) names another. The schema is versioned with ``PRAGMA user_version`` and the
+ordered ``MIGRATIONS`` below; each applied migration is also recorded in ``schema_migrations``.
+Commands that only read never create the file.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+from tunepilot.catalog import Card
+from tunepilot.errors import TunepilotError, UserError
+from tunepilot.ledger.records import (
+    BOOKED,
+    CANCELLED,
+    Booking,
+    Cancellation,
+    Invoice,
+    Usage,
+    cancellation_rule,
+    peak_use,
+    refund_cents,
+)
+from tunepilot.results.quote import LineItem
+from tunepilot.units import cents_to_usd, utc_now
+
+DB_FILENAME = "ledger.sqlite3"
+DB_ENV = "TUNEPILOT_DB"
+BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
+
+
+class CapacityError(UserError):
+    """Not enough cards free over the interval; says what is free instead. Exit code 3."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, hint: str | None, *, free: int, alternative: str | None):
+        self.free = free
+        self.alternative_start = alternative
+        super().__init__("count", message, hint)
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "free": self.free, "alternative_start": self.alternative_start}
+
+
+def default_db_path() -> Path:
+    """``$TUNEPILOT_DB``, else ledger.sqlite3 in the user's data directory."""
+    import os
+
+    import platformdirs
+
+    env = os.environ.get(DB_ENV)
+    return Path(env) if env else Path(platformdirs.user_data_dir("tunepilot")) / DB_FILENAME
+
+
+# --- time --------------------------------------------------------------------------------------
+
+
+def _iso(ts: int) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_start(text: str, now: datetime) -> int:
+    """``--start``: an ISO 8601 time with a UTC offset (``2026-12-01T09:00Z``) or ``now``, not in
+    the past; whole seconds since the epoch."""
+    _check_aware(now)
+    raw = text.strip()
+    if raw.lower() == "now":
+        return _ts(now)
+    fixed = raw[:-1] + "+00:00" if raw[-1:] in ("Z", "z") else raw
+    try:
+        when = datetime.fromisoformat(fixed)
+    except ValueError:
+        raise UserError("start", f"{text!r} is not an ISO 8601 time.",
+                        "E.g. --start 2026-12-01T09:00Z (UTC) or --start now.") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise UserError("start", f"{text!r} has no UTC offset; times are UTC and must say so.",
+                        f"Write {raw}Z (UTC) or add an offset such as +01:00.")
+    ts = int(when.timestamp())
+    if ts < _ts(now):
+        raise UserError("start", f"{_iso(ts)} is in the past (now is {_iso(_ts(now))}).",
+                        "Give a start from now on, or --start now.")
+    return ts
+
+
+def _ts(now: datetime) -> int:
+    """Whole UTC seconds of an aware clock reading."""
+    _check_aware(now)
+    return int(now.timestamp())
+
+
+def _check_aware(now: datetime) -> None:
+    if now.tzinfo is None:  # a library caller's bug, not user input: never read it as local time
+        raise ValueError("ledger clocks must be timezone-aware (UTC)")
+
+
+# --- schema ------------------------------------------------------------------------------------
+
+
+def _run(db: sqlite3.Connection, script: str) -> None:
+    """Statements one by one: executescript would COMMIT the migration's transaction first."""
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _m1_initial(db: sqlite3.Connection) -> None:
+    _run(db, """
+        CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL,
+                                        applied_at TEXT NOT NULL);
+        CREATE TABLE inventory (card_id TEXT PRIMARY KEY, count INTEGER NOT NULL CHECK (count >= 0),
+                                source TEXT NOT NULL, catalog_as_of TEXT, recorded_at TEXT NOT NULL);
+        CREATE TABLE quotes (id TEXT PRIMARY KEY, created_at TEXT NOT NULL, spec_hash TEXT NOT NULL,
+                             card_id TEXT NOT NULL, count INTEGER NOT NULL, term_s INTEGER NOT NULL,
+                             total_cents INTEGER NOT NULL, body TEXT NOT NULL);
+        CREATE TABLE bookings (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, card_id TEXT NOT NULL,
+            count INTEGER NOT NULL CHECK (count > 0),
+            start_ts INTEGER NOT NULL, end_ts INTEGER NOT NULL CHECK (end_ts > start_ts),
+            quote_id TEXT REFERENCES quotes(id),
+            status TEXT NOT NULL CHECK (status IN ('booked', 'cancelled')),
+            cancellation_policy TEXT NOT NULL, created_at TEXT NOT NULL, cancelled_at TEXT);
+        CREATE INDEX bookings_by_card ON bookings (card_id, status, end_ts);
+        CREATE TABLE invoices (id INTEGER PRIMARY KEY AUTOINCREMENT,
+                               booking_id INTEGER NOT NULL UNIQUE REFERENCES bookings(id),
+                               issued_at TEXT NOT NULL, currency TEXT NOT NULL DEFAULT 'USD');
+        CREATE TABLE line_items (id INTEGER PRIMARY KEY AUTOINCREMENT,
+                                 invoice_id INTEGER NOT NULL REFERENCES invoices(id),
+                                 kind TEXT NOT NULL, description TEXT NOT NULL, quantity TEXT NOT NULL,
+                                 unit TEXT NOT NULL, unit_price_usd TEXT NOT NULL,
+                                 amount_cents INTEGER NOT NULL);
+    """)
+
+
+def _m2_usage(db: sqlite3.Connection) -> None:
+    _run(db, """
+        CREATE TABLE usage (booking_id INTEGER PRIMARY KEY REFERENCES bookings(id),
+                            hours_used TEXT NOT NULL, recorded_at TEXT NOT NULL);
+    """)
+
+
+Migration = Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[tuple[int, str, Migration]] = [
+    (1, "inventory, quotes, bookings, invoices, line items", _m1_initial),
+    (2, "usage per booking", _m2_usage),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+# --- the ledger --------------------------------------------------------------------------------
+
+
+class Ledger:
+    """One open ledger database. Use as a context manager; every write is one transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path):
+        self.conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path | str | None = None) -> Ledger:
+        """Open (creating it and its directory when missing) and migrate to SCHEMA_VERSION."""
+        path = Path(path) if path is not None else default_db_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise UserError("db", f"cannot open the ledger {str(path)!r}: {exc}.",
+                            "Pass a writable file path with --db.") from None
+        conn.execute("PRAGMA foreign_keys = ON")
+        ledger = cls(conn, path)
+        ledger._migrate()
+        return ledger
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE: take the write lock first, so check-then-insert cannot interleave."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise UserError("--db", f"the ledger database cannot be written: {exc}.",
+                            "Check the file's permissions and free disk, or close the process "
+                            "that holds it.") from None
+        try:
+            yield self.conn
+        except sqlite3.Error as exc:
+            self.conn.execute("ROLLBACK")
+            raise UserError("--db", f"the ledger database refused the change: {exc}; nothing "
+                            "was written.", "Check the file's permissions and free disk.") from None
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        try:
+            if self.schema_version == SCHEMA_VERSION:
+                return
+            with self._tx() as db:  # another process may be migrating: re-read under the lock
+                version = int(db.execute("PRAGMA user_version").fetchone()[0])
+                if version > SCHEMA_VERSION:
+                    raise TunepilotError(f"the ledger {self.path} has schema version {version}, "
+                                         f"newer than this tunepilot's {SCHEMA_VERSION}; upgrade "
+                                         "tunepilot to use it")
+                for number, description, migrate in MIGRATIONS:
+                    if number > version:
+                        migrate(db)
+                        db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                                   (number, description, _iso(int(utc_now().timestamp()))))
+                        db.execute(f"PRAGMA user_version = {number}")
+        except sqlite3.DatabaseError as exc:
+            raise UserError("db", f"{str(self.path)!r} is not a tunepilot ledger: {exc}.",
+                            "Pass another file with --db.") from None
+
+    # -- quotes -----------------------------------------------------------------------------
+
+    def save_quote(self, body: dict, now: datetime) -> str:
+        quote_id = "q-" + secrets.token_hex(6)
+        term = body["term"]
+        with self._tx() as db:
+            db.execute("INSERT INTO quotes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (quote_id, _iso(_ts(now)), body["spec_hash"], body["card_id"],
+                        body["count"], term["term_s"], term["total_cents"],
+                        json.dumps(body, default=str)))
+        return quote_id
+
+    def get_quote(self, quote_id: str) -> dict:
+        row = self.conn.execute("SELECT body FROM quotes WHERE id = ?", (quote_id,)).fetchone()
+        if row is None:
+            raise UserError("quote", f"no quote {quote_id!r} in the ledger {self.path}.",
+                            "Save one with `tunepilot quote SPEC ... --save`.")
+        return json.loads(row[0])
+
+    # -- bookings ---------------------------------------------------------------------------
+
+    def book(self, card: Card, count: int, start_ts: int, term_s: int, items: list[LineItem],
+             *, quote_id: str | None, catalog_as_of: str | None, now: datetime) -> Booking:
+        """Allocate ``count`` x ``card`` for [start, start + term_s) or raise CapacityError."""
+        end_ts = start_ts + term_s
+        inventory = card.inventory.count
+        stamp = _iso(_ts(now))
+        with self._tx() as db:
+            rows = db.execute("SELECT start_ts, end_ts, count FROM bookings WHERE card_id = ? AND "
+                              "status = ? AND end_ts > ?", (card.id, BOOKED, start_ts)).fetchall()
+            used, at = peak_use(rows, start_ts, end_ts)
+            if used + count > inventory:
+                raise _refusal(card, count, start_ts, term_s, rows, used, at)
+            db.execute("INSERT INTO inventory VALUES (?, ?, ?, ?, ?) ON CONFLICT (card_id) DO "
+                       "UPDATE SET count = excluded.count, source = excluded.source, "
+                       "catalog_as_of = excluded.catalog_as_of, recorded_at = excluded.recorded_at",
+                       (card.id, inventory, card.inventory.source, catalog_as_of, stamp))
+            policy = json.dumps(card.pricing.cancellation.model_dump(mode="json"))
+            cur = db.execute("INSERT INTO bookings (card_id, count, start_ts, end_ts, quote_id, "
+                             "status, cancellation_policy, created_at) VALUES (?,?,?,?,?,?,?,?)",
+                             (card.id, count, start_ts, end_ts, quote_id, BOOKED, policy, stamp))
+            booking_id = int(cur.lastrowid)
+            inv = db.execute("INSERT INTO invoices (booking_id, issued_at) VALUES (?, ?)",
+                             (booking_id, stamp)).lastrowid
+            db.executemany("INSERT INTO line_items (invoice_id, kind, description, quantity, unit, "
+                           "unit_price_usd, amount_cents) VALUES (?,?,?,?,?,?,?)",
+                           [(inv, i.kind, i.description, i.quantity, i.unit, i.unit_price_usd,
+                             i.amount_cents) for i in items])
+        return self.booking(booking_id)
+
+    def booking(self, booking_id: int) -> Booking:
+        rows = self._bookings("WHERE b.id = ?", (booking_id,))
+        if not rows:
+            raise UserError("id", f"no booking {booking_id} in the ledger {self.path}.",
+                            "List them with `tunepilot bookings`.")
+        return rows[0]
+
+    def bookings(self, card_id: str | None = None, include_cancelled: bool = False) -> list[Booking]:
+        where, args = [], []
+        if card_id:
+            where.append("b.card_id = ?")
+            args.append(card_id)
+        if not include_cancelled:
+            where.append("b.status = 'booked'")
+        return self._bookings(("WHERE " + " AND ".join(where)) if where else "", tuple(args))
+
+    def _bookings(self, where: str, args: tuple) -> list[Booking]:
+        sql = ("SELECT b.id, b.card_id, b.count, b.start_ts, b.end_ts, b.status, b.quote_id, "
+               "b.created_at, b.cancelled_at, COALESCE(SUM(li.amount_cents), 0) FROM bookings b "
+               "LEFT JOIN invoices i ON i.booking_id = b.id "
+               f"LEFT JOIN line_items li ON li.invoice_id = i.id {where} "
+               "GROUP BY b.id ORDER BY b.start_ts, b.id")
+        return [Booking(r[0], r[1], r[2], _iso(r[3]), _iso(r[4]), _hours(r[4] - r[3]), r[5], r[6],
+                        r[7], r[8], int(r[9])) for r in self.conn.execute(sql, args)]
+
+    def free(self, card: Card, start_ts: int, end_ts: int) -> int:
+        """Cards of ``card`` free at every instant of [start, end)."""
+        rows = self.conn.execute("SELECT start_ts, end_ts, count FROM bookings WHERE card_id = ? "
+                                 "AND status = ? AND end_ts > ?", (card.id, BOOKED, start_ts))
+        return card.inventory.count - peak_use(rows.fetchall(), start_ts, end_ts)[0]
+
+    def cancel(self, booking_id: int, now: datetime) -> Cancellation:
+        """Cancel per the booking's policy; the refund is a negative line on its invoice."""
+        now_ts = _ts(now)
+        with self._tx() as db:
+            row = db.execute("SELECT status, start_ts, cancellation_policy FROM bookings WHERE "
+                             "id = ?", (booking_id,)).fetchone()
+            if row is None:
+                raise UserError("id", f"no booking {booking_id} in the ledger {self.path}.",
+                                "List them with `tunepilot bookings`.")
+            if row[0] == CANCELLED:
+                raise UserError("id", f"booking {booking_id} is already cancelled.", None)
+            rule, pct = cancellation_rule(json.loads(row[2]), row[1], now_ts)
+            inv = db.execute("SELECT id FROM invoices WHERE booking_id = ?",
+                             (booking_id,)).fetchone()[0]
+            paid = db.execute("SELECT COALESCE(SUM(amount_cents), 0) FROM line_items WHERE "
+                              "invoice_id = ?", (inv,)).fetchone()[0]
+            refund = refund_cents(int(paid), pct)
+            db.execute("INSERT INTO line_items (invoice_id, kind, description, quantity, unit, "
+                       "unit_price_usd, amount_cents) VALUES (?, 'refund', ?, ?, 'percent', '', ?)",
+                       (inv, f"refund: {rule}", str(pct), -refund))
+            db.execute("UPDATE bookings SET status = ?, cancelled_at = ? WHERE id = ?",
+                       (CANCELLED, _iso(now_ts), booking_id))
+        return Cancellation(self.booking(booking_id), rule, str(pct), int(paid), refund)
+
+    def invoice(self, booking_id: int) -> Invoice:
+        booking = self.booking(booking_id)
+        inv = self.conn.execute("SELECT id, issued_at FROM invoices WHERE booking_id = ?",
+                                (booking_id,)).fetchone()
+        items = self.conn.execute("SELECT kind, description, quantity, unit, unit_price_usd, "
+                                  "amount_cents FROM line_items WHERE invoice_id = ? ORDER BY id",
+                                  (inv[0],)).fetchall()
+        fields = ("kind", "description", "quantity", "unit", "unit_price_usd", "amount_cents")
+        return Invoice(booking, inv[1], tuple(LineItem(**dict(zip(fields, r, strict=True)))
+                                              for r in items))
+
+    def record_usage(self, booking_id: int, hours_used: Decimal, now: datetime) -> Usage:
+        booking = self.booking(booking_id)
+        booked = Decimal(booking.hours)
+        if hours_used > booked:
+            raise UserError("hours_used", f"{hours_used} h is more than the {booked} h booked.",
+                            "Give the hours the cards were actually used.")
+        with self._tx() as db:
+            db.execute("INSERT INTO usage VALUES (?, ?, ?) ON CONFLICT (booking_id) DO UPDATE SET "
+                       "hours_used = excluded.hours_used, recorded_at = excluded.recorded_at",
+                       (booking_id, str(hours_used), _iso(_ts(now))))
+        return self.usage(booking_id)
+
+    def usage(self, booking_id: int) -> Usage:
+        booking = self.booking(booking_id)
+        row = self.conn.execute("SELECT hours_used FROM usage WHERE booking_id = ?",
+                                (booking_id,)).fetchone()
+        if row is None:
+            raise UserError("hours_used", f"no usage recorded for booking {booking_id}.",
+                            f"Record it with `tunepilot usage {booking_id} --hours-used H`.")
+        used, booked = Decimal(row[0]), Decimal(booking.hours)
+        per_hour = (Decimal(booking.total_cents) / 100 / used).quantize(Decimal("0.0001"),
+                                                                        ROUND_HALF_UP) if used else None
+        return Usage(booking, str(used), str(booked),
+                     str((used / booked).quantize(Decimal("0.0001"), ROUND_HALF_UP)),
+                     None if per_hour is None else str(per_hour))
+
+    def spend(self) -> list[dict]:
+        """Spend by card and UTC month of the booking's start: billed, refunded, net (cents)."""
+        sql = ("SELECT b.card_id, strftime('%Y-%m', b.start_ts, 'unixepoch') AS month, "
+               "COUNT(DISTINCT b.id), "
+               "COALESCE(SUM(CASE WHEN li.kind != 'refund' THEN li.amount_cents END), 0), "
+               "COALESCE(SUM(CASE WHEN li.kind = 'refund' THEN -li.amount_cents END), 0) "
+               "FROM bookings b JOIN invoices i ON i.booking_id = b.id "
+               "JOIN line_items li ON li.invoice_id = i.id GROUP BY b.card_id, month "
+               "ORDER BY month, b.card_id")
+        hours = {(r[0], r[1]): r[2] for r in self.conn.execute(
+            "SELECT card_id, strftime('%Y-%m', start_ts, 'unixepoch'), SUM(count * (end_ts - "
+            "start_ts)) FROM bookings WHERE status = 'booked' GROUP BY 1, 2")}
+        return [{"card": card, "month": month, "bookings": n,
+                 "card_hours_booked": _hours(hours.get((card, month), 0)),
+                 "billed_cents": billed, "refunded_cents": refunded,
+                 "net_cents": billed - refunded, "net_usd": str(cents_to_usd(billed - refunded))}
+                for card, month, n, billed, refunded in self.conn.execute(sql)]
+
+
+def _hours(seconds: int) -> str:
+    return f"{(Decimal(seconds) / 3600).normalize():f}"
+
+
+def _refusal(card: Card, count: int, start: int, term_s: int, rows: list, used: int, at: int
+             ) -> CapacityError:
+    inventory = card.inventory.count
+    free = max(inventory - used, 0)
+    if count > inventory:
+        return CapacityError(f"{count} x {card.id} asked for, but the inventory has only "
+                             f"{inventory}.", f"Book at most {inventory}, or another card.",
+                             free=free, alternative=None)
+    alternative = None
+    for t in sorted({start} | {e for _, e, _ in rows if e > start}):
+        if peak_use(rows, t, t + term_s)[0] + count <= inventory:
+            alternative = _iso(t)
+            break
+    instead = f"{count} x {card.id} are free for {_hours(term_s)} h from {alternative}"
+    return CapacityError(
+        f"only {free} of {inventory} x {card.id} are free for the whole of {_iso(start)} .. "
+        f"{_iso(start + term_s)} ({used} booked at {_iso(at)}); {count} asked for.",
+        f"Instead: {f'book {free} at that time, or ' if free else ''}{instead}.", free=free,
+        alternative=alternative)
+
+

@@ -1,0 +1,137 @@
+"""Activation arithmetic of the analytic plan: what autograd saves per token and layer, what
+checkpointing keeps, and the logits and cross-entropy term. Derived in the docstrings from the
+ops each implementation runs; pure arithmetic, no torch.
+"""
+
+from __future__ import annotations
+
+from tunepilot.model.arch import Arch, LinearSpec, lora_targets
+from tunepilot.model.flops import DTYPE_BYTES
+from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
+
+
+def precision_bytes(spec: RunSpec) -> tuple[int, int, int]:
+    """(compute bytes, residual-stream bytes, trainable-param bytes) for the precision.
+
+    Under autocast (*-mixed) matmuls run in 16 bit while fp32 parameters keep the residual stream
+    in fp32; a LoRA run's 16-bit frozen base keeps the stream in 16 bit. bf16-true is all bf16,
+    fp32 all fp32. PEFT keeps LoRA adapters in fp32 whatever the base (autocast_adapter_dtype).
+    """
+    cb = 4 if spec.precision == "fp32" else 2
+    if spec.method.is_lora:
+        sb = DTYPE_BYTES[spec.frozen_base_dtype]
+        return cb, sb, 4
+    if spec.precision == "bf16-true":
+        return 2, 2, 2
+    return cb, 4, 4  # fp32, or *-mixed with fp32 parameters
+
+
+# Which per-layer input a linear reads: matmul inputs are saved per input tensor, not per linear
+# (q, k and v share one input; gate and up share one).
+_O_NAMES = {"o_proj", "dense", "out_proj", "c_proj"}
+_DOWN_NAMES = {"down_proj", "fc2", "dense_4h_to_h", "w2", "c_proj"}
+
+
+def _input_group(lin: LinearSpec) -> str:
+    if lin.group == "attention":
+        return "o_in" if lin.name in _O_NAMES else "attn_in"
+    if lin.group == "mlp" and lin.name in _DOWN_NAMES:
+        return "down_in"
+    return "mlp_in"  # gate/up (and the MoE router) read the MLP's input
+
+
+def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int) -> int:
+    """Bytes autograd saves for one decoder layer, per token, without checkpointing.
+
+    A matmul saves its input only when its weight needs a gradient: full fine-tuning saves every
+    linear's input (cb per feature); a frozen LoRA base saves none, and the adapters save theirs
+    (see _lora_saved_bytes_per_token). A norm saves its input in fp32 (HF RMSNorm upcasts: 4h;
+    LayerNorm: 4h under autocast/fp32, 2h under bf16-true) and, when its weight trains, the
+    normalised value (sb*h).
+    SDPA (flash / memory-efficient): q, k, v and the output (cb*(2*hq + 2*hkv)) + fp32 logsumexp.
+    MLP gated (SwiGLU/GeGLU): the gate output (saved by the activation), act(gate) and the up
+    output (saved by the product): 3*cb*i per routed expert; plain (GELU): the fc1 output.
+    """
+    h = arch.hidden_size
+    hq = arch.num_heads * arch.head_dim
+    hkv = arch.num_kv_heads * arch.head_dim
+    i = arch.intermediate_size
+    k = arch.experts_per_token if arch.num_experts > 1 else 1
+    full = spec.method.kind == "full"
+    if arch.norm_kind == "rms":
+        per_norm = 4 * h + (sb * h if full else 0)
+    else:
+        per_norm = (4 if sb == 4 else 2) * h
+    norms = arch.norms_per_layer * per_norm
+    sdpa = cb * (2 * hq + 2 * hkv) + 4 * arch.num_heads
+    mlp = (3 if arch.mlp_kind == "gated" else 1) * cb * i * k
+    if arch.num_experts > 1:
+        mlp += cb * h * k + 4 * arch.num_experts  # tokens gathered per expert + router logits
+    total = norms + sdpa + mlp
+    if full:
+        parallel = arch.family == "phi" or arch.norms_per_layer == 1  # one input, attn + MLP
+        total += cb * (h + hq + (0 if parallel else h) + i * k)  # attn, o, mlp, down inputs
+    else:
+        total += _lora_saved_bytes_per_token(arch, spec, cb)
+    return total
+
+
+def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
+    """What LoRA layers save: each adapted input once per input tensor - PEFT keeps adapters in
+    fp32, so on a bf16-true base lora_A saves the fp32 cast of its input (4*in), under autocast
+    the 16-bit cast back (cb*in), under fp32 the input itself; dropout > 0 adds a mask (1 B) and
+    its output (cb) per input feature per adapter; lora_A's output (r values) is saved for
+    lora_B."""
+    r = spec.method.lora_rank or 0
+    per_feature = 4 if spec.precision == "bf16-true" else cb
+    extra = 0
+    inputs: dict[str, int] = {}
+    for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
+        extra += r * mult * per_feature * lin.count_per_layer
+        if spec.method.lora_dropout > 0:
+            extra += (1 + cb) * lin.in_features * lin.count_per_layer
+        group = _input_group(lin)
+        inputs[group] = max(inputs.get(group, 0), per_feature * lin.in_features)
+    return extra + sum(inputs.values())
+
+
+def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) -> tuple[int, int]:
+    """(saved activations of all layers at the end of forward, one layer's working set).
+
+    full checkpointing keeps only each layer's input (sb*h per token) and recomputes one layer at
+    a time in backward; selective (op-level SAC as torchtitan does it) keeps matmul and SDPA
+    outputs and recomputes the elementwise ops.
+    """
+    h = arch.hidden_size
+    per_layer = layer_activation_bytes_per_token(arch, spec, cb, sb) * tokens
+    L = arch.num_layers
+    ac = spec.activation_checkpointing
+    if ac == "none":
+        return L * per_layer, 0
+    if ac == "full":
+        return L * sb * h * tokens, per_layer
+    hq = arch.num_heads * arch.head_dim
+    hkv = arch.num_kv_heads * arch.head_dim
+    k = arch.experts_per_token if arch.num_experts > 1 else 1
+    mm_outs = cb * (hq + 2 * hkv + h + h) + cb * arch.intermediate_size * k * (
+        2 if arch.mlp_kind == "gated" else 1)
+    kept = (sb * h + mm_outs + cb * hq + 4 * arch.num_heads) * tokens
+    return L * kept, per_layer
+
+
+def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, int]:
+    """(logits bytes retained at the loss, cross-entropy transient in the loss backward).
+
+    HF computes logits (cb*V per token), upcasts them to fp32 for the loss, and log_softmax saves
+    its fp32 output (4V); the 16-bit logits die with the model output when only the loss is kept
+    (tunepilot's step keeps only the loss). In the loss backward the fp32 gradients of
+    log_softmax's output and of its input exist together (2 x 4V). A chunked loss (recomputed per
+    chunk) holds this for CHUNKED_LOSS_TOKENS at a time instead of all tokens.
+    """
+    V = arch.vocab_size
+    t = min(tokens, CHUNKED_LOSS_TOKENS) if spec.chunked_loss else tokens
+    retained = 4 * V * t
+    transient = 8 * V * t
+    if spec.chunked_loss:  # the final hidden states are kept for the recompute
+        retained += cb * arch.hidden_size * tokens
+    return retained, transient

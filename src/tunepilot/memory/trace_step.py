@@ -1,0 +1,308 @@
+"""The traced step (the child side of the traced plan): two optimizer steps of the spec's real
+training step - tunepilot.training's build_run, forward_loss, backward and update - on fake CPU
+tensors under a StorageTracker, the peaks of step 2 by phase.
+
+Run as ``python -m tunepilot.memory.trace_step JOB RESULT`` (tunepilot.child): an abort inside
+PyTorch becomes the parent's fallback reason, never a crash of the CLI. ``trace_step`` is also
+called in-process by the fake-vs-real test and the GPU check (``fake=False``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tunepilot.memory.standins import (
+    BnbStandIn,
+    CudaAutocastRules,
+    ScalerStandIn,
+    emulate_nf4,
+    to_fake,
+    unpacked_sequences,
+)
+from tunepilot.memory.tracker import CUDA_BLOCK_BYTES, StorageTracker, round_block
+from tunepilot.spec import RunSpec
+
+# a micro-batch's peak may grow by the detached loss train_step keeps (one 512-byte block)
+ACCUMULATION_TOLERANCE_BYTES = 4 * CUDA_BLOCK_BYTES
+STEP2_MICRO_BATCHES = 3  # micro-batches traced in step 2 (1: no grads yet; 2, 3: accumulating)
+BNB_BITS = {"adamw_8bit": 8, "paged_adamw_8bit": 8, "paged_adamw": 32}
+
+
+@dataclass
+class _Traced:
+    """What one trace builds: the run, the tracker and what the trace saw."""
+
+    spec: RunSpec
+    run: object
+    tracker: StorageTracker
+    dev: torch.device
+    fake_mode: object | None
+    notes: list[str] = field(default_factory=list)
+    nf4: dict = field(default_factory=dict)
+    impl: str = "for-loop"
+    losses: list = field(default_factory=list)
+
+
+def _build_spec(spec: RunSpec, notes: list[str]) -> RunSpec:
+    """QLoRA is built as LoRA on a 16-bit base whose linears become NF4 stand-ins."""
+    if spec.method.kind != "qlora":
+        return spec
+    notes.append("QLoRA: bitsandbytes is CUDA-only, so the NF4 base is traced as "
+                 f"{spec.frozen_base_dtype} frozen linears counted at NF4 size (codes + "
+                 f"absmax{' with double quantization' if spec.method.double_quant else ''}"
+                 "), each matmul dequantising a weight-sized bf16 temporary as bitsandbytes "
+                 "does; the rest (LoRA, activations, optimizer) is traced")
+    method = dict(spec.method.model_dump(), kind="lora", base_dtype=spec.frozen_base_dtype)
+    return spec.with_changes(method=method)
+
+
+def _optimizer_factory(t: _Traced, stack: str):
+    """The spec's optimizer as the target card runs it: PyTorch's default implementation there,
+    bitsandbytes optimizers as a stand-in holding the same state."""
+    from tunepilot.model.build import trainable_parameters
+    from tunepilot.model.flops import default_optimizer_impl
+    from tunepilot.training import build_optimizer
+
+    o = t.spec.optimizer
+    if o.name in BNB_BITS:
+        t.notes.append(f"optimizer {o.name}: bitsandbytes is CUDA-only; traced with a stand-in "
+                       "holding the same state tensors (8-bit + absmax per 256 elements, fp32 "
+                       "below 4096 elements), updated in place")
+        t.impl = "bnb"
+        return lambda _s, model: BnbStandIn(trainable_parameters(model), BNB_BITS[o.name], o.lr)
+    if o.name not in ("adamw", "sgd"):
+        return build_optimizer
+    t.impl = o.impl or default_optimizer_impl(t.spec, stack)
+    t.notes.append(f"optimizer step: {o.name} {t.impl} implementation "
+                   f"({'the spec' if o.impl else 'PyTorch default on ' + stack})")
+    with_impl = t.spec.with_changes(optimizer=dict(o.model_dump(), impl=t.impl))
+    return lambda _s, model: build_optimizer(with_impl, model)
+
+
+def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device: str
+                 ) -> _Traced:
+    """The spec's run as tunepilot.training builds it: on meta then fake CPU tensors (fake), or
+    real tensors on `device`; QLoRA's linears as NF4 stand-ins."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunepilot.training import build_run
+
+    dev = torch.device("cpu" if fake else device)
+    t = _Traced(spec, None, StorageTracker(), dev,
+                FakeTensorMode() if fake else None)  # its dispatch cache: layers 2..L are free
+
+    def prepare(model):
+        if t.fake_mode is not None:
+            to_fake(model, t.fake_mode)
+        if spec.method.kind == "qlora":
+            t.nf4 = emulate_nf4(model, spec)
+        return model, None
+
+    factory = _optimizer_factory(t, stack)
+    bspec = _build_spec(spec, t.notes)
+    t.run = build_run(bspec, "meta" if fake else dev, total_steps=2, config=config, data=False,
+                      prepare=prepare, optimizer=factory)
+    t.run.spec = spec
+    if spec.precision == "fp16-mixed":  # GradScaler's inf check reads values fake tensors lack
+        with t.fake_mode or contextlib.nullcontext():
+            t.run.state.scaler = ScalerStandIn(dev)
+    return t
+
+
+def register_model(tracker: StorageTracker, model, spec, nf4: dict) -> dict:
+    """Register parameters and buffers; return the figures the parent derives DDP/FSDP from."""
+    mixed = spec.precision.endswith("-mixed")
+    rows, seen = [], set()
+    total = trainable = trainable_bytes = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        cat = "master_weights" if (p.requires_grad and mixed) else "weights"
+        parts = nf4.get(id(p))
+        tracker.register(p, cat, parts)
+        nbytes = sum(parts) if parts else p.numel() * p.element_size()
+        rows.append([int(p.shape[0]) if p.dim() else 1, int(nbytes), bool(p.requires_grad)])
+        total += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+            trainable_bytes += round_block(nbytes)
+    for b in model.buffers():
+        tracker.register(b, "weights")
+    # the decoder layers: the ModuleList holding the most parameters (model.layers, gpt_neox.
+    # layers, transformer.h, ... whatever the architecture calls it)
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    layers = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()), default=[])
+    layer_numel = sum(p.numel() for p in layers[0].parameters()) if len(layers) else 0
+    in_layers = sum(p.numel() for lyr in layers for p in lyr.parameters())
+    return {"total_params": total, "trainable_params": trainable,
+            "trainable_bytes": trainable_bytes, "param_rows": rows, "layer_numel": layer_numel,
+            "root_numel": total - in_layers, "total_base_numel": total}
+
+
+def _micro_step(t: _Traced, prefix: str, mask, num_items) -> None:
+    """One micro-batch: forward + loss (a window), backward (a window), as train_step does."""
+    from tunepilot.training import backward, forward_loss
+
+    spec, tr = t.spec, t.tracker
+    w = tr.open_window(prefix + "forward")
+    tr.begin_forward()
+    vocab = int(t.run.model.config.vocab_size)
+    ids = torch.randint(0, vocab, (spec.micro_batch_size, spec.sequence_length), device=t.dev)
+    batch = {"input_ids": ids, "labels": ids.clone(), "attention_mask": mask}
+    loss = forward_loss(t.run.state, batch, spec, num_items)
+    tr.end_forward()
+    tr.close_window(w)
+    w = tr.open_window(prefix + "backward")
+    backward(t.run.state, loss)
+    t.losses.append(loss.detach())  # train_step keeps each micro-batch's detached loss
+    del loss, batch
+    tr.close_window(w)
+
+
+def _optimizer_step(t: _Traced) -> None:
+    from tunepilot.training import update
+
+    w = t.tracker.open_window("optimizer-step")
+    update(t.run.state)
+    for st in t.run.state.optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                t.tracker.classify(v, "optimizer")
+    t.losses.clear()
+    t.tracker.close_window(w)
+
+
+def _batch_mask(t: _Traced):
+    """Synthetic batches have no padding: transformers drops an all-ones mask (a data check fake
+    tensors cannot answer) and runs causal SDPA with native GQA, so pass none. Text data may pad:
+    keep a mask, which takes transformers' padded path (a 4-D additive mask, repeated K/V heads)
+    - the worst case the pilot's longest batch measures."""
+    spec = t.spec
+    padded = spec.data.source != "synthetic" and not getattr(spec.data, "packing", False)
+    t.notes.append("batches: " + ("padded text: attention mask kept (transformers' padded "
+                                  "path: 4-D mask, K/V heads repeated)" if padded else
+                                  "no padding: causal SDPA, no mask, native GQA"))
+    if not padded:
+        return None
+    return torch.ones(spec.micro_batch_size, spec.sequence_length, dtype=torch.long, device=t.dev)
+
+
+def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
+    """Step 1 (creates the optimizer state), then step 2 with up to STEP2_MICRO_BATCHES
+    micro-batches; (number of peaks of step 1, step 2's window, the CUDA allocator's peaks)."""
+    spec, tr, state = t.spec, t.tracker, t.run.state
+    micro2 = min(spec.gradient_accumulation_steps, STEP2_MICRO_BATCHES)
+    for p in (q for q in state.model.parameters() if q.requires_grad):
+        p.register_post_accumulate_grad_hook(lambda q: tr.classify(q.grad, "gradients"))
+    mask = _batch_mask(t)
+    num_items = torch.full((), float(spec.tokens_per_micro_batch *
+                                     spec.gradient_accumulation_steps), device=t.dev)
+    state.model.train()
+    cuda = t.dev.type == "cuda"
+    allocator: dict = {}
+    with tr, tr.saved_tensors_hooks():
+        step1 = tr.open_window("step 1")
+        _micro_step(t, "", mask, num_items)
+        _optimizer_step(t)
+        tr.close_window(step1)
+        n_step1 = len(tr.peaks)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        step2 = tr.open_window("step 2")
+        for i in range(micro2):
+            _micro_step(t, f"micro {i + 1} " if micro2 > 1 else "", mask, num_items)
+        _optimizer_step(t)
+        tr.close_window(step2)
+        if cuda:
+            torch.cuda.synchronize()
+            allocator = {"cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
+                         "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
+    return n_step1, step2, allocator
+
+
+def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
+               device: str = "cpu") -> dict:
+    """Two optimizer steps of the spec under a StorageTracker; the peaks of step 2, by phase.
+    `fake=False` runs it on real tensors on `device` (the fake-vs-real test on the CPU; the GPU
+    check on CUDA, which also records the caching allocator's own peak of step 2)."""
+    import transformers
+
+    t0 = time.perf_counter()
+    t = build_traced(spec, config, stack, fake=fake, device=device)
+    # tracing on the CPU for a GPU: apply CUDA autocast's float32 op list (CPU autocast's differs)
+    cuda_rules = spec.precision.endswith("-mixed") and t.dev.type == "cpu" and stack != "cpu"
+    if cuda_rules:
+        t.notes.append("autocast: CUDA's rules (its float32 op list: layer_norm, softmax, pow, "
+                       "exp, sum, ... run in fp32) applied to the CPU trace")
+    packing = unpacked_sequences() if fake and not getattr(spec.data, "packing", False) else contextlib.nullcontext()
+    with t.fake_mode or contextlib.nullcontext(), packing, \
+            CudaAutocastRules() if cuda_rules else contextlib.nullcontext():
+        info = register_model(t.tracker, t.run.model, spec, t.nf4)
+        n_step1, step2, allocator = _run_two_steps(t)
+        attention, kernel = attention_path(t.tracker)
+    out = _summary(t, n_step1, step2, attention, kernel, fake)
+    where = f"{'fake' if fake else 'real'} {t.dev.type.upper()} tensors"
+    out["notes"].insert(0, f"traced: the training step on {where}, transformers "
+                        f"{transformers.__version__}, torch {torch.__version__}, 2 optimizer "
+                        "steps, peak of step 2; attention " + attention.split(":")[0])
+    out.update(model=info, child_wall_s=round(time.perf_counter() - t0, 2),
+               child_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               traced_on=f"{where}, torch {torch.__version__}", **allocator)
+    return out
+
+
+def _summary(t: _Traced, n_step1: int, step2, attention: str, kernel: str, fake: bool) -> dict:
+    tr, spec = t.tracker, t.spec
+    phases = [p for p in tr.peaks[n_step1:] if p is not step2]
+    micro2 = min(spec.gradient_accumulation_steps, STEP2_MICRO_BATCHES)
+    micro_peaks = [max(p.peak_bytes for p in phases if p.name.startswith(f"micro {i + 1} "))
+                   for i in range(micro2)] if micro2 > 1 else []
+    growth = max(0, micro_peaks[2] - micro_peaks[1]) if len(micro_peaks) > 2 else 0
+    if spec.gradient_accumulation_steps > 1:
+        peaks = ", ".join(f"{b / 2**30:.2f}" for b in micro_peaks)
+        t.notes.append(f"gradient accumulation: step 2 traced {micro2} of "
+                       f"{spec.gradient_accumulation_steps} micro-batches (peaks {peaks} GiB); "
+                       "from the second on a micro-batch repeats the same allocations "
+                       f"(+{growth} B each: the detached loss train_step keeps)")
+    return {
+        "phases": [p.to_dict() for p in phases], "peak_bytes": step2.peak_bytes,
+        "peak_raw_bytes": step2.peak_raw_bytes, "saved_bytes_at_peak": step2.saved_bytes,
+        "step1_peak_bytes": tr.peaks[n_step1 - 1].peak_bytes,
+        "micro_batch_peaks_bytes": micro_peaks,
+        "accumulation_peak_stable": growth <= ACCUMULATION_TOLERANCE_BYTES,
+        "accumulation_growth_bytes_per_micro_batch": growth, "attention_path": attention,
+        "attention_kernel": kernel, "optimizer_impl": t.impl, "num_ops": tr.num_ops,
+        "notes": t.notes,
+    }
+
+
+def attention_path(tracker: StorageTracker) -> tuple[str, str]:
+    names = {str(f) for f in tracker.ops_seen}
+    kernels = sorted(n for n in names if "scaled_dot_product" in n)
+    if any("flash_attention_for_cpu" in n for n in kernels):
+        return ("sdpa-flash: the CPU flash kernel (saves output + logsumexp), as CUDA flash / "
+                "memory-efficient attention on the target card; no s x s matrix", kernels[0])
+    if kernels:
+        return f"sdpa kernel {kernels[0]}", kernels[0]
+    return ("sdpa-math or eager attention: an s x s attention matrix per head is saved "
+            "(the target card's flash kernel would not)", "math")
+
+
+def handle(job: dict) -> dict:
+    """The child's work: trace the job's spec on fake tensors."""
+    spec = RunSpec.model_validate(job["spec"])
+    return trace_step(spec, job["config"], job["stack"], fake=True)
+
+
+if __name__ == "__main__":
+    from tunepilot.child import child_main
+
+    sys.exit(child_main(handle))

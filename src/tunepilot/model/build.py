@@ -1,0 +1,197 @@
+"""Build the model a spec describes: a Hugging Face causal LM from its config, with the spec's
+precision, PEFT LoRA, and activation checkpointing - on a real device, on meta, or for a trace.
+
+Weights are random (seeded) unless `model.weights` names a local checkpoint directory: memory and
+speed do not depend on weight values, and nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tunepilot.errors import UserError
+from tunepilot.model.arch import META_KEY, resolve_model_config
+from tunepilot.spec import RunSpec
+
+if TYPE_CHECKING:
+    import torch
+
+
+# transformers 5 deprecates the gradient-checkpointing names PEFT still calls; not the user's concern
+warnings.filterwarnings("ignore", category=FutureWarning, message=".*gradient_checkpointing.*")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def parameter_dtype(spec: RunSpec) -> str:
+    """The dtype the model is built in: the frozen base's for LoRA, else by precision
+    (fp32 parameters under fp32 and *-mixed, bf16 under bf16-true)."""
+    if spec.method.is_lora:
+        return spec.frozen_base_dtype
+    return "bf16" if spec.precision == "bf16-true" else "fp32"
+
+
+def hf_config(spec: RunSpec, base_dir: Path | None = None, config: dict | None = None):
+    """transformers' config object for the spec's model (SDPA attention, no KV cache)."""
+    from transformers import AutoConfig
+
+    cfg = dict(config if config is not None else resolve_model_config(spec, base_dir))
+    cfg.pop(META_KEY, None)
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise UserError("model.config", "the config has no 'model_type'.",
+                        "Use the model's own config.json from the Hugging Face hub.")
+    try:
+        hf = AutoConfig.for_model(model_type, **cfg)
+    except (ValueError, KeyError) as exc:
+        raise UserError("model.config", f"transformers cannot build model_type {model_type!r}: "
+                        f"{exc}", "Upgrade transformers, or use a supported architecture.") from None
+    hf.use_cache = False
+    return hf
+
+
+def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: Path | None = None,
+                config: dict | None = None) -> torch.nn.Module:
+    """The spec's model on `device` ("meta" builds without allocating), seeded by spec.seed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if spec.method.kind == "qlora":
+        return _build_qlora(spec, device, base_dir, config)
+    hf = hf_config(spec, base_dir, config)
+    dtype = torch_dtype(parameter_dtype(spec))
+    torch.manual_seed(spec.seed)
+    if spec.model.weights != "random":
+        path = Path(spec.model.weights)
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
+        if not (path / "config.json").exists():
+            raise UserError("model.weights", f"{str(path)!r} is not a local Hugging Face "
+                            "checkpoint directory (no config.json).",
+                            "Use 'random' or the path of a directory saved by save_pretrained().")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
+                                                     local_files_only=True)
+        model.to(device)
+    else:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", dtype=dtype)
+    model.config.use_cache = False
+    if spec.method.is_lora:
+        model = apply_lora(spec, model)
+    apply_checkpointing(spec, model)
+    return model
+
+
+def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
+    """PEFT LoRA with the spec's rank, alpha, dropout and targets (adapters in fp32, PEFT's
+    default autocast_adapter_dtype=True)."""
+    from peft import LoraConfig, get_peft_model
+
+    m = spec.method
+    targets = m.lora_targets if m.lora_targets == "all-linear" else list(m.lora_targets)
+    cfg = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+                     target_modules=targets, task_type="CAUSAL_LM", bias="none")
+    try:
+        return get_peft_model(model, cfg)
+    except ValueError as exc:
+        raise UserError("method.lora_targets", f"PEFT cannot apply LoRA to {targets!r}: {exc}",
+                        "Use module names of this model (e.g. q_proj, v_proj) or 'all-linear'."
+                        ) from None
+
+
+def _selective_policy(ctx, op, *args, **kwargs):
+    """Op-level selective checkpointing (as torchtitan's 'op' SAC): keep matmul and attention
+    outputs, recompute the cheap elementwise ops in backward."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    keep = {
+        torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+        torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    }
+    return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_checkpointing(spec: RunSpec, model: torch.nn.Module) -> None:
+    """Per-decoder-layer activation checkpointing (non-reentrant) as the spec asks."""
+    if spec.activation_checkpointing == "none":
+        return
+    kwargs: dict = {"use_reentrant": False}
+    if spec.activation_checkpointing == "selective":
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    enable = getattr(target, "activation_checkpointing_enable", None)  # transformers >= 5
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    target.train()
+
+
+def _build_qlora(spec: RunSpec, device, base_dir, config) -> torch.nn.Module:
+    """QLoRA: bitsandbytes NF4 linears (CUDA only), bf16 compute, LoRA on top."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available() or \
+            str(device) in ("cpu", "meta"):
+        raise UserError("method.kind", "qlora needs bitsandbytes and a CUDA device, which this "
+                        "machine does not have.",
+                        "Plan it here (`tunepilot plan` models the NF4 base), pilot it on the GPU "
+                        "you intend to rent, or use kind: lora for a CPU pilot.")
+    import bitsandbytes as bnb
+    from transformers import AutoModelForCausalLM
+
+    if spec.model.weights != "random":
+        raise UserError("model.weights", "the QLoRA pilot quantizes a randomly initialised base "
+                        "(memory and speed do not depend on the values); it does not load "
+                        "checkpoints.", "Set model.weights: random for the pilot.")
+
+    hf = hf_config(spec, base_dir, config)
+    torch.manual_seed(spec.seed)
+    with torch.device("cpu"):
+        model = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa",
+                                                 dtype=torch.bfloat16)
+    skip = set() if spec.method.quantize_lm_head else {"lm_head"}
+    for _, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear) and child_name not in skip:
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features,
+                                      bias=child.bias is not None, compute_dtype=torch.bfloat16,
+                                      quant_type="nf4",
+                                      compress_statistics=spec.method.double_quant)
+                q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False,
+                                             quant_type="nf4",
+                                             compress_statistics=spec.method.double_quant)
+                if child.bias is not None:
+                    q.bias = child.bias
+                setattr(module, child_name, q)
+    model.to(device)  # quantizes the Params4bit on the move to CUDA
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.config.use_cache = False
+    model = apply_lora(spec, model)
+    apply_checkpointing(spec, model)
+    return model
+
+
+def trainable_parameters(model: torch.nn.Module) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def output_head(model: torch.nn.Module):
+    """(decoder body, lm_head) of a causal LM, through a PEFT wrapper if there is one."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.base_model, base.get_output_embeddings()  # .model/.lm_head, .gpt_neox/.embed_out

@@ -1,0 +1,148 @@
+"""The run's arithmetic that every stage shares: FLOPs per token, the peak-FLOP/s key of a
+precision, and the bytes of optimizer state (one table for the plan, the quote's checkpoint
+sizes and the pilot's MFU). Pure arithmetic over the architecture and the spec: no torch.
+
+FLOPs per token (PaLM, appendix B): 6 N_trainable + 4 N_frozen + 12 L H Q T. Frozen weights
+skip the weight-gradient matmul (2 of the 6). N counts the matmul weights a token passes
+through: the input embedding is a lookup, not a matmul (a tied embedding still is one, as the
+LM head), and a mixture-of-experts layer runs only its top-k experts, so N is the *active*
+count. The attention term counts the full s x s score and value matmuls (no causal halving),
+as PaLM and the MFU figures tunepilot compares with count them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunepilot.model.arch import Arch, linear_modules, lora_targets, param_counts
+
+# Bytes per element by dtype name.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Precision of the run -> the catalog's peak_tflops key its matmuls run at (QLoRA computes in
+# bf16; fp32 matmuls run on TF32 tensor cores only where torch allows it).
+PEAK_KEY = {"bf16-mixed": "bf16", "bf16-true": "bf16", "fp16-mixed": "fp16", "fp32": "fp32"}
+# bitsandbytes 8-bit optimizers: two uint8 states + one fp32 absmax per 256-element block each
+# (bitsandbytes Optimizer2State.init_state, blocksize 256).
+ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
+OPTIMIZER_STATES = {  # state tensors per trainable element (Adafactor: see optimizer_bytes)
+    "adamw": 2, "paged_adamw": 2, "sgd": 1, "adamw_8bit": None, "paged_adamw_8bit": None,
+    "adafactor": None,
+}
+
+
+def peak_precision(spec, *, tf32: bool = False) -> str:
+    """The catalog peak_tflops key the spec's matmuls run at."""
+    if spec.method.kind == "qlora":
+        return "bf16"
+    key = PEAK_KEY[spec.precision]
+    return "tf32" if key == "fp32" and tf32 else key
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """Training and forward-only FLOPs per token, with the numbers behind them."""
+
+    train: float
+    forward: float
+    trainable_matmul_params: int
+    frozen_matmul_params: int
+    attention: float
+    sequence_length: float
+
+    @property
+    def formula(self) -> str:
+        return (f"6 x {self.trainable_matmul_params:,} trainable + 4 x "
+                f"{self.frozen_matmul_params:,} frozen + {self.attention:,.0f} attention "
+                f"(12 L H Q T at {self.sequence_length:,.0f} tokens) = {self.train:,.0f} "
+                "FLOP/token (PaLM appendix B; active parameters only for MoE)")
+
+
+def flops_per_token(arch: Arch, spec, sequence_length: float | None = None) -> FlopsPerToken:
+    """FLOPs per trained token of the spec at ``sequence_length`` (default the spec's)."""
+    seq = float(sequence_length if sequence_length is not None else spec.sequence_length)
+    counts = param_counts(arch)
+    lookup = 0 if arch.tied_embeddings else counts.embedding  # a lookup, not a matmul
+    n_matmul = counts.active_per_token - lookup
+    if spec.method.is_lora:
+        trainable, frozen = active_lora_params(arch, spec), n_matmul
+    else:
+        trainable, frozen = n_matmul, 0
+    attn = 12.0 * arch.num_layers * arch.num_heads * arch.head_dim * seq
+    train = 6.0 * trainable + 4.0 * frozen + attn
+    forward = 2.0 * (trainable + frozen) + attn / 3
+    return FlopsPerToken(train, forward, trainable, frozen, attn, seq)
+
+
+def active_lora_params(arch: Arch, spec) -> int:
+    """LoRA parameters a token passes through: every adapter, but of a MoE layer's experts only
+    the top-k a token is routed to."""
+    rank = spec.method.lora_rank or 0
+    total = 0.0
+    for lin, factor in lora_targets(arch, spec.method.lora_targets).items():
+        per = factor * rank * (lin.in_features + lin.out_features) * lin.count_per_layer
+        if lin.count_per_layer > 1 and arch.num_experts > 1:
+            per = per * arch.experts_per_token / arch.num_experts
+        total += per * (1 if lin.group == "head" else arch.num_layers)
+    return int(total)
+
+
+# --- optimizer state ---------------------------------------------------------------------------
+
+
+def trainable_shapes(arch: Arch, spec) -> list[tuple[int, ...]]:
+    """Shapes of the trainable parameters (for per-tensor optimizer arithmetic)."""
+    if spec.method.is_lora:
+        r = spec.method.lora_rank or 0
+        shapes: list[tuple[int, ...]] = []
+        for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
+            layers = 1 if lin.group == "head" else arch.num_layers
+            for _ in range(lin.count_per_layer * layers):
+                shapes += [(r * mult, lin.in_features), (lin.out_features, r * mult)]
+        return shapes
+    shapes = [(arch.vocab_size, arch.hidden_size)]
+    if not arch.tied_embeddings:
+        shapes.append((arch.vocab_size, arch.hidden_size))
+    for lin in linear_modules(arch):
+        shapes += [(lin.out_features, lin.in_features)] * (lin.count_per_layer * arch.num_layers)
+    shapes += [(arch.hidden_size,)] * (arch.norms_per_layer * arch.num_layers + 1)
+    return shapes
+
+
+def default_optimizer_impl(spec, stack: str) -> str:
+    """PyTorch's own default: foreach when every tensor is on an accelerator, else for-loop."""
+    return spec.optimizer.impl or ("for-loop" if stack == "cpu" else "foreach")
+
+
+def optimizer_bytes(spec, trainable: int, shapes: list[tuple[int, ...]], impl: str
+                    ) -> tuple[int, int]:
+    """(optimizer state bytes, optimizer-step temporary bytes) for the trainable parameters.
+
+    AdamW: exp_avg + exp_avg_sq in the state dtype. 8-bit: ADAM8BIT_BYTES_PER_PARAM. SGD (momentum
+    0.9, as tunepilot builds it): one momentum buffer. Adafactor (HF, beta1=None): a row and a
+    column factor per matrix (fp32), a full second moment for vectors. foreach AdamW/SGD
+    materialise one parameter-sized temporary (AdamW's sqrt(v) denominator); fused and 8-bit
+    kernels update in place; the for-loop implementation holds one tensor's temporary at a time.
+    """
+    sdt = DTYPE_BYTES[spec.optimizer_state_dtype]
+    name = spec.optimizer.name
+    largest = max((_numel(s) for s in shapes), default=0)
+    if name in ("adamw_8bit", "paged_adamw_8bit"):
+        return int(ADAM8BIT_BYTES_PER_PARAM * trainable), 0
+    if name == "adafactor":
+        state = sum(4 * (s[0] + s[1]) if len(s) == 2 else 4 * _numel(s) for s in shapes)
+        return state, 4 * largest
+    state = OPTIMIZER_STATES[name] * sdt * trainable
+    temp = {"fused": 0, "foreach": sdt * trainable}.get(impl, sdt * largest)
+    return state, temp
+
+
+def optimizer_state_bytes(arch: Arch, spec, trainable: int) -> int:
+    """Bytes of optimizer state for the spec (what a checkpoint holds besides the weights)."""
+    return optimizer_bytes(spec, trainable, trainable_shapes(arch, spec), "fused")[0]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

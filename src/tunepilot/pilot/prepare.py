@@ -1,0 +1,162 @@
+"""Before a pilot builds anything: the device, what the spec needs of it, whether the plan fits
+the device's memory at all (host RAM on a CPU), the data, and the provenance."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tunepilot.catalog import Catalog
+from tunepilot.device import DeviceInfo, probe_device
+from tunepilot.errors import DoesNotFit, UserError
+from tunepilot.memory.analytic import analytic_plan
+from tunepilot.model.arch import resolve_arch, resolve_model_config
+from tunepilot.spec import RunSpec
+from tunepilot.units import fmt_bytes
+
+# A plan whose peak passes the device's free memory by this factor is refused before the build:
+# the plan's error is a few percent, and on a CPU running out of RAM kills the process (no
+# exception to catch) - usually after minutes of building the model.
+PLAN_MARGIN = 1.10
+
+
+def needs_bitsandbytes(spec: RunSpec) -> bool:
+    """QLoRA and every 8-bit or paged optimizer need bitsandbytes (the one rule, used by the
+    device probe, the pilot's preflight and the ROCm check)."""
+    from tunepilot.training import BNB_OPTIMIZERS
+
+    return spec.method.kind == "qlora" or spec.optimizer.name in BNB_OPTIMIZERS
+
+
+def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Path):
+    """Probe, check and read everything the pilot needs; a Session ready to build the run."""
+    from tunepilot.dataset import build_dataset
+    from tunepilot.pilot.provenance import collect_provenance
+    from tunepilot.pilot.runner import Session
+
+    progress("probe device", 0, None)
+    t0 = time.perf_counter()
+    info = probe_device(catalog, ["bitsandbytes"] if needs_bitsandbytes(spec) else [],
+                        device=options.device)
+    log(f"device: {info.kind} {info.name!r} card={info.card_id} torch {info.torch_version} "
+        f"cuda={info.cuda_version} hip={info.hip_version}")
+    pilot_spec, notes = single_device_spec(spec)
+    check_device_features(pilot_spec, info)
+    arch = resolve_arch(pilot_spec, options.base_dir)
+    plan = analytic_plan(pilot_spec, arch, info.kind)
+    s = Session(spec=spec, pilot_spec=pilot_spec, device=info, options=options, arch=arch,
+                plan=plan, log=log, progress=progress, run_dir=run_dir,
+                notes=notes + info.missing)
+    problem = plan_fit_problem(pilot_spec, plan, info) if options.check_memory else None
+    if problem:
+        from tunepilot.pilot.runner import _DoesNotFit
+
+        s.does_not_fit = _DoesNotFit("memory check before building (plan vs local memory)",
+                                     RuntimeError(problem), simulated=False)
+        log(f"refused before building: {problem}")
+        return s
+    if options.memory_limit_bytes:
+        s.notes.append(f"--memory-limit {options.memory_limit_bytes} bytes: every step ran "
+                       "under the tensor tracker, which raises torch.OutOfMemoryError past the "
+                       "limit; step times include the tracker's per-op cost")
+    progress("read data", 0, None)
+    s.dataset, s.data_info = build_dataset(pilot_spec, arch.vocab_size, options.base_dir)
+    if len(s.dataset) < pilot_spec.micro_batch_size:
+        raise UserError("micro_batch_size", f"the dataset has {len(s.dataset)} samples, fewer "
+                        f"than one micro-batch of {pilot_spec.micro_batch_size}.",
+                        "Add samples, or lower micro_batch_size.")
+    s.notes += s.data_info.notes
+    for n in s.data_info.notes:
+        log(f"data: {n}")
+    s.timings["setup_s"] = time.perf_counter() - t0
+    s.provenance = collect_provenance(
+        spec, device=info.to_dict(), data=s.data_info.provenance(),
+        model=_model_provenance(spec, arch, options.base_dir))
+    return s
+
+
+def single_device_spec(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    """The pilot runs one device's step; DDP/FSDP are `tunepilot scale`'s to measure."""
+    if spec.parallel.strategy == "single":
+        return spec, []
+    par = dict(spec.parallel.model_dump(), strategy="single", devices=1, nodes=1)
+    return spec.with_changes(parallel=par), [
+        f"parallel.strategy is {spec.parallel.strategy} over {spec.parallel.world_size} "
+        "devices: the pilot measured the full step on one device (no sharding); "
+        "`tunepilot scale` measures the sharded step"]
+
+
+def check_device_features(spec: RunSpec, info: DeviceInfo) -> None:
+    """Features the spec needs that this device cannot run: a clear error before any work."""
+    bnb = needs_bitsandbytes(spec)
+    if info.kind == "cpu":
+        if spec.method.kind == "qlora":
+            raise UserError("method.kind", "qlora needs bitsandbytes and a CUDA GPU; this pilot "
+                            "runs on the CPU.", "Plan it here (`tunepilot plan` models the NF4 "
+                            "base), pilot it on the GPU you intend to rent, or use kind: lora "
+                            "for a CPU pilot.")
+        if bnb:
+            raise UserError("optimizer.name", f"{spec.optimizer.name} needs bitsandbytes on a "
+                            "CUDA GPU; this pilot runs on the CPU.",
+                            "Use adamw for a CPU pilot (the plan still models "
+                            f"{spec.optimizer.name}).")
+        if spec.parallel.cpu_offload:
+            raise UserError("parallel.cpu_offload", "FSDP CPU offload needs a GPU to offload from.",
+                            "Set cpu_offload: false for a CPU pilot.")
+    if info.kind == "cuda" and spec.precision.startswith("bf16") and info.bf16_supported is False:
+        raise UserError("precision", f"{info.name} has no bf16 support.",
+                        "Use precision: fp16-mixed or fp32 on this GPU.")
+    if info.kind == "rocm" and bnb and any("bitsandbytes" in m for m in info.missing):
+        raise UserError("method.kind" if spec.method.kind == "qlora" else "optimizer.name",
+                        "this ROCm build has no bitsandbytes, which the spec needs.",
+                        "Install the ROCm build of bitsandbytes, or use kind: lora / adamw.")
+
+
+def local_memory(info: DeviceInfo) -> tuple[int, str]:
+    """(bytes the run can have on the local device, what that is): free host RAM on a CPU, the
+    device's free memory on a GPU."""
+    if info.kind == "cpu":
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.available), (f"the local CPU's available RAM ({fmt_bytes(vm.available)} of "
+                                   f"{fmt_bytes(vm.total)})")
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return int(free), f"{info.torch_device} ({info.name}: {fmt_bytes(free)} free of " \
+                      f"{fmt_bytes(total)})"
+
+
+def plan_fit_problem(spec: RunSpec, plan, info: DeviceInfo, *, what: str = "pilot",
+                     ranks: int = 1) -> str | None:
+    """Why a run whose planned peak (or model-load peak) cannot fit the local device is refused
+    in seconds, before minutes of building the model; None when it may fit."""
+    need = max(plan.per_device.allocated_peak_bytes, plan.per_device.load_peak_bytes) * ranks
+    have, where = local_memory(info)
+    if need > have * PLAN_MARGIN:
+        return (
+            f"does not fit at micro_batch={spec.micro_batch_size}, seq={spec.sequence_length}: "
+            f"the plan needs {fmt_bytes(need)} (projected, {plan.fidelity} plan"
+            + (f", {ranks} ranks" if ranks > 1 else "") + f") but {where} has "
+            f"{fmt_bytes(have)}; checked before building anything. Lower micro_batch_size or "
+            "sequence_length, turn on activation_checkpointing, or pilot on the card you mean "
+            f"to rent (the {what} on a GPU runs there); --no-memory-check skips this check")
+    return None
+
+
+def check_plan_fits_device(spec: RunSpec, plan, info: DeviceInfo, *, what: str,
+                           ranks: int = 1) -> None:
+    """plan_fit_problem as an error (restore, scale): DoesNotFit, exit code 1."""
+    problem = plan_fit_problem(spec, plan, info, what=what, ranks=ranks)
+    if problem:
+        raise DoesNotFit(problem)
+
+
+def _model_provenance(spec: RunSpec, arch, base_dir: Path | None) -> dict:
+    cfg = resolve_model_config(spec, base_dir)
+    meta = cfg.get("_tunepilot", {}) if isinstance(cfg, dict) else {}
+    return {"preset": spec.model.preset, "config": spec.model.config,
+            "revision": spec.model.revision, "weights": spec.model.weights,
+            "config_sha256": arch.config_hash, "hf_id": arch.hf_id or meta.get("hf_id"),
+            "model_type": arch.model_type}

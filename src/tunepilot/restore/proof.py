@@ -1,0 +1,174 @@
+"""The restore proof on one process: a checkpoint counts only if a fresh process resumes the run
+exactly.
+
+1. This process trains K steps, records a digest of every component (the SHA-256 of every model
+   and optimizer tensor, the scheduler state and current LR, each RNG stream, the data position,
+   the step count), saves a checkpoint, and trains M more steps recording, per step, the loss as
+   exact bits (float.hex), the batch fingerprint(s) and the LR.
+2. A fresh Python process (tunepilot.restore.worker, through tunepilot.child) builds the run from
+   the spec, loads the checkpoint (verified while read), digests every component the same way
+   before it trains, then trains the same M steps recording the same.
+3. The verdict (restore/compare.py) compares component by component, then step by step: batch
+   fingerprints and LRs identical, losses bit-identical on CPU (deterministic algorithms on in
+   both processes). On a GPU it reports the largest absolute loss difference and whether
+   deterministic mode held.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunepilot.checkpoint import CheckpointInfo, save_checkpoint
+from tunepilot.child import ChildFailed, run_child
+from tunepilot.errors import UserError
+from tunepilot.restore import compare as cmp
+from tunepilot.restore.worker import (
+    build,
+    deterministic,
+    load_hook,
+    seed_everything,
+    state_digest,
+    train,
+)
+from tunepilot.results.figure import Figure
+from tunepilot.results.restore import CheckpointRef, ComponentCheck, RestoreResult, StepRecord
+from tunepilot.spec import RunSpec
+from tunepilot.store import RunDir
+
+DEFAULT_STEPS_BEFORE = 4
+DEFAULT_STEPS_AFTER = 4
+WORKER_TIMEOUT_S = 1800  # the fresh process builds the model and trains M steps; generous
+
+
+def check_steps(steps_before: int, steps_after: int) -> None:
+    if steps_before < 1 or steps_after < 1:
+        raise UserError("--steps-before" if steps_before < 1 else "--steps-after",
+                        f"needs at least 1 step (got {min(steps_before, steps_after)}).",
+                        "The proof saves after K >= 1 steps and compares M >= 1 steps after.")
+
+
+def verify_restore(spec: RunSpec, steps_before: int = DEFAULT_STEPS_BEFORE,
+                   steps_after: int = DEFAULT_STEPS_AFTER, run_dir: Path | str | None = None, *,
+                   base_dir: Path | None = None, device: str | None = None, catalog=None,
+                   hook: str | None = None, check_memory: bool = True) -> RestoreResult:
+    """Train, save, train on; resume in a fresh process; compare. Writes RUN_DIR/restore.json.
+    ``hook`` names a test-support object that alters the run on purpose (tests only)."""
+    from tunepilot.catalog import load_catalog
+    from tunepilot.device import probe_device
+
+    check_steps(steps_before, steps_after)
+    if run_dir is None:
+        raise UserError("--out", "the restore proof needs a run directory for its checkpoint.")
+    run = RunDir(run_dir)
+    spec_hash = spec.spec_hash()
+    run.check_spec(spec_hash)
+    info = probe_device(catalog or load_catalog(), device=device)
+    if check_memory:
+        _check_memory(spec, info, base_dir)
+    original = run_original(spec, steps_before, steps_after, run.path, base_dir,
+                            info.torch_device)
+    original["device_info"] = dict(info.summary(), torch_device=info.torch_device)
+    h = load_hook(hook)
+    if hasattr(h, "after_save"):
+        h.after_save(Path(original["checkpoint"]))
+    result = verdict(original, run_fresh(original, run.path, hook), hook)
+    run.write(result, spec_hash)
+    if run.manifest().device is None:  # the pilot writes it; the cost stage reads card_id there
+        run.update_manifest(device=info.summary(), spec=spec.model_dump(mode="json"))
+    return result
+
+
+def _check_memory(spec: RunSpec, info, base_dir: Path | None) -> None:
+    """The plan against the local device's memory, before minutes of building (the proof
+    holds the run twice: this process and the fresh one after it)."""
+    from tunepilot.memory.analytic import analytic_plan
+    from tunepilot.model.arch import resolve_arch
+    from tunepilot.pilot.prepare import check_plan_fits_device, single_device_spec
+
+    single, _ = single_device_spec(spec)
+    plan = analytic_plan(single, resolve_arch(single, base_dir), info.kind)
+    check_plan_fits_device(single, plan, info, what="restore proof")
+
+
+def run_original(spec: RunSpec, steps_before: int, steps_after: int, run_path: Path,
+                 base_dir: Path | None, device: str) -> dict:
+    """Train K steps, digest, save, train M steps; everything the fresh process must match."""
+    import torch
+
+    total_steps = steps_before + steps_after
+    ckpt = run_path / spec.checkpoint.dir / f"restore-step-{steps_before:06d}"
+    with deterministic(device) as det:
+        seed_everything(spec.seed)
+        state, stream = build(spec, total_steps, base_dir, device)
+        train(state, stream, spec, steps_before)
+        digest = state_digest(state, stream, spec)
+        info = save_checkpoint(ckpt, state, stream, spec, extra={"purpose": "restore proof"})
+        steps = train(state, stream, spec, steps_after)
+    return {"spec": spec.model_dump(mode="json"), "spec_hash": spec.spec_hash(),
+            "base_dir": str(base_dir) if base_dir is not None else None, "device": device,
+            "threads": torch.get_num_threads(), "total_steps": total_steps,
+            "steps_before": steps_before, "steps_after": steps_after,
+            "checkpoint": str(ckpt), "save": info.to_dict(), "digest": digest,
+            "steps": [s.model_dump() for s in steps], "deterministic": det}
+
+
+def run_fresh(original: dict, run_path: Path, hook: str | None) -> dict:
+    """Run the fresh process on the original's checkpoint; its report (or why it failed)."""
+    logs = RunDir(run_path).logs_dir()
+    job = {k: original[k] for k in ("spec", "spec_hash", "base_dir", "device", "threads",
+                                     "total_steps", "steps_after", "checkpoint")}
+    job["hook"] = hook
+    env = {}
+    if original["device"].startswith("cuda"):
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS
+    try:
+        return run_child("tunepilot.restore.worker", job, timeout_s=WORKER_TIMEOUT_S,
+                         what="the fresh process", env=_env(env),
+                         log_path=logs / "restore-fresh.log")
+    except ChildFailed as exc:
+        return {"crashed": exc.reason}
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    import os
+
+    return {**os.environ, **extra}
+
+
+def verdict(original: dict, fresh: dict, hook: str | None) -> RestoreResult:
+    """The typed result of one proof from what both processes reported."""
+    save = CheckpointInfo(**original["save"])
+    ref = [StepRecord(**s) for s in original["steps"]]
+    base = dict(steps_before=original["steps_before"], steps_after=original["steps_after"],
+                device=original.get("device_info") or {"torch_device": original["device"]},
+                checkpoint=CheckpointRef(path=original["checkpoint"], kind=save.kind,
+                                         files=len(save.files), step=save.step,
+                                         world_size=save.world_size),
+                save_s=Figure.measured(save.seconds, "s",
+                                       includes="fsync and SHA-256 of every file"),
+                checkpoint_bytes=Figure.measured(save.bytes, "bytes", kind=save.kind),
+                save_bytes_per_s=Figure.measured(save.bytes / save.seconds if save.seconds
+                                                 else None, "B/s"), hook=hook)
+    names = cmp.component_names(original["digest"].get("grad_scaler") is not None)
+    if "crashed" in fresh or "error" in fresh:
+        return RestoreResult(passed=False, components=cmp.load_failure(fresh, names),
+                             deterministic=cmp.determinism(original["deterministic"]),
+                             steps={"original": ref}, **base)
+    checks = [ComponentCheck(name=cmp.CHECKSUMS, passed=True,
+                             detail=f"{len(save.files)} files, {save.bytes:,} bytes: every "
+                                    "SHA-256 matches the manifest")]
+    checks += cmp.state_checks(original["digest"], fresh["digest"])
+    got = [StepRecord(**s) for s in fresh["steps"]]
+    det = cmp.determinism(original["deterministic"], fresh["deterministic"])
+    gpu = original["device"].startswith("cuda") and not det.held
+    traj, divergence, max_diff = cmp.compare_steps(
+        ref, got, cmp.GPU_LOSS_RTOL if gpu else None,
+        "GPU, deterministic mode not possible")
+    load_s = fresh["load"]["seconds"]
+    return RestoreResult(
+        passed=all(c.passed for c in checks + traj), components=checks + traj,
+        first_divergence=divergence, deterministic=det,
+        load_s=Figure.measured(load_s, "s", includes="SHA-256 verification of every file"),
+        load_bytes_per_s=Figure.measured(save.bytes / load_s if load_s else None, "B/s"),
+        loss_max_abs_diff=Figure.measured(max_diff, "nats/token"),
+        steps={"original": ref, "restored": got}, **base)

@@ -1,0 +1,96 @@
+"""data.json: the whole dataset's length profile (`tunepilot data SPEC`), read by the pilot (its
+worst batch) and the quote (useful tokens per epoch, padding)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from tunepilot.results.base import Model, StageResult
+from tunepilot.results.figure import Figure
+
+
+class Bin(Model):
+    lo: int
+    """tokens, inclusive"""
+    hi: int
+    """tokens, exclusive"""
+    count: int
+
+
+class Lengths(Model):
+    """Sample lengths in tokens (after the chat template, before truncation)."""
+
+    p50: int
+    p90: int
+    p99: int
+    max: int
+    mean: float
+    histogram: list[Bin]
+
+
+class Batching(Model):
+    """One way of cutting the dataset into micro-batches, and what it wastes."""
+
+    padding_fraction: Figure
+    """padded positions / all positions of the micro-batches"""
+    useful_fraction: Figure
+    """supervised tokens / all positions (what the quote divides cost by)"""
+    positions: int
+    """token positions of one epoch's micro-batches"""
+    steps_per_epoch: int
+    """optimizer steps of one epoch (drop_last, on one device)"""
+
+
+class DataProfile(StageResult):
+    STAGE = "data"
+    source: str
+    path: str | None
+    format: str
+    tokenizer: str | None
+    chat_template: str | None = None
+    """which template rendered the messages: the tokenizer's own, or a named default"""
+    train_on: str
+    sequence_length: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    samples: int
+    skipped_rows: int = 0
+    tokens_total: Figure
+    tokens_supervised: Figure
+    length: Lengths
+    truncated_samples: int
+    padded: Batching
+    packed: Batching
+    packing: bool
+    """whether the spec trains packed"""
+    content_sha256: str | None = None
+    seconds: Figure | None = None
+    cached: bool = False
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def used(self) -> Batching:
+        """The batching the spec trains with."""
+        return self.packed if self.packing else self.padded
+
+    def useful_fraction_figure(self, spec) -> Figure:
+        b = self.used
+        return Figure.measured(b.useful_fraction.value, "fraction",
+                               f"data.json: supervised tokens / token positions of the "
+                               f"{'packed' if self.packing else 'padded'} micro-batches over the "
+                               f"whole dataset ({self.samples:,} samples)")
+
+    def padding_summary(self, spec, job: Figure, useful: Figure) -> dict:
+        """Of the training time, the share spent on padding, and what packing would save."""
+        train = job.value
+        padded, packed = self.padded, self.packed
+        saving = None
+        if not self.packing and packed.positions and padded.positions:
+            saving = 1 - packed.positions / padded.positions
+        return {"padding_fraction": self.used.padding_fraction.to_dict(),
+                "trained_on": "packed" if self.packing else "padded",
+                "packing_would_cut_positions_by": None if saving is None else
+                Figure.projected(saving, "fraction",
+                                 "1 - packed / padded token positions per epoch (data.json); "
+                                 "the training time falls about as much").to_dict(),
+                "job_s": train}

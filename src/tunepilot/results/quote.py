@@ -1,0 +1,142 @@
+"""quote.json and compare.json: the cost of a fixed term and the cost per useful token.
+
+Money is integer cents (line items, totals) or Decimal (rates per million tokens), written as
+decimal strings in JSON; never a float.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from pydantic import Field, computed_field, model_validator
+
+from tunepilot.results.base import Model, StageResult
+from tunepilot.results.figure import Figure
+from tunepilot.units import cents_to_usd
+
+
+class _Derived(Model):
+    """A model whose computed fields are written to JSON and ignored when read back."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_computed(cls, obj: Any) -> Any:
+        names = set(cls.model_computed_fields)
+        if isinstance(obj, dict) and names & set(obj):
+            obj = {k: v for k, v in obj.items() if k not in names}
+        return obj
+
+
+class LineItem(Model):
+    """One line of a bill: ``amount_cents`` is exact; quantity and unit price are Decimal text."""
+
+    kind: str  # compute | discount | option | refund
+    description: str
+    quantity: str
+    unit: str
+    unit_price_usd: str
+    amount_cents: int
+
+
+class TermCost(_Derived):
+    """The price of renting ``count`` cards for ``term_s``: line items in cents and their sum."""
+
+    card_id: str
+    count: int
+    term_s: int
+    billed_s: int
+    discount_term: str | None
+    discount_percent: str
+    items: list[LineItem]
+
+    @computed_field
+    @property
+    def total_cents(self) -> int:
+        return sum(item.amount_cents for item in self.items)
+
+    @computed_field
+    @property
+    def total_usd(self) -> str:
+        return str(cents_to_usd(self.total_cents))
+
+
+class TimeTerm(Model):
+    """One term of the job's time: ``each`` x ``times`` = ``total`` (seconds)."""
+
+    name: str
+    times: int
+    each: Figure
+    total: Figure
+
+
+class RunSource(Model):
+    """The run directory a quote took measurements from."""
+
+    path: str
+    card_id: str | None
+    device: str
+    files: list[str]
+    notes: list[str] = Field(default_factory=list)
+
+
+class Quote(StageResult, _Derived):
+    """A term of ``count`` x ``card_id``: the job's time, the term's cost, cost per useful token."""
+
+    STAGE = "quote"
+    spec_label: str
+    card_id: str
+    count: int
+    strategy: str
+    target_useful_tokens: float
+    optimizer_steps: int
+    tokens_per_step: int
+    throughput: dict[str, Figure]
+    time_terms: list[TimeTerm]
+    job_s: Figure
+    term: TermCost
+    finishes_in_term: bool
+    margin_s: float
+    margin_fraction: float
+    useful_tokens_in_term: float
+    shortest_term: TermCost
+    shortest_term_steps: int
+    cheapest_term: TermCost
+    cost_per_million_term_usd: Decimal | None
+    cost_per_million_job_usd: Decimal
+    job_cost_usd: Decimal
+    safety_margin: float
+    pricing_source: str
+    pricing_as_of: str
+    run_dir: RunSource | None = None
+    padding: dict[str, Any] | None = None
+    """with a dataset profile: padding share of the term and what packing would save"""
+    notes: list[str] = Field(default_factory=list)
+
+    @computed_field
+    @property
+    def cost_basis(self) -> str:
+        """The prices are the catalog's; the time they pay for is measured or projected."""
+        return self.job_s.basis
+
+    def term_time(self, name: str) -> TimeTerm | None:
+        return next((t for t in self.time_terms if t.name == name), None)
+
+
+class Refusal(Model):
+    card: str
+    reason: str
+
+
+class Comparison(StageResult):
+    """Every card x count that fits, cheapest per useful token first; and the cards refused."""
+
+    STAGE = "compare"
+    spec_label: str
+    ranked_by: str = "cost_per_million_term_usd (cheapest covering term)"
+    rows: list[Quote]
+    refused: list[Refusal] = Field(default_factory=list)
+    dropped: list[str] = Field(default_factory=list)
+    """counts left out of the ranking, each with why"""
+    assumptions: list[str] = Field(default_factory=list)
+    run_dir: RunSource | None = None

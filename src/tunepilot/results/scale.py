@@ -1,0 +1,113 @@
+"""scale.json: 1 rank vs N ranks under torchrun, DDP and FSDP, at the same global batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from tunepilot.results.base import Model, StageResult
+from tunepilot.results.figure import Figure
+
+
+class BatchPlan(Model):
+    """How the global batch is held equal between 1 rank and W ranks."""
+
+    global_batch_samples: int
+    world_size: int
+    micro_batch_size: int
+    accumulation: int
+    baseline_accumulation: int
+    sequence_length: int
+    note: str | None = None
+
+    @property
+    def arithmetic(self) -> str:
+        return (f"{self.micro_batch_size} micro-batch x {self.accumulation} accumulation x "
+                f"{self.world_size} ranks = {self.micro_batch_size} x "
+                f"{self.baseline_accumulation} x 1 rank = {self.global_batch_samples} samples per "
+                f"optimizer step (<= {self.global_batch_samples * self.sequence_length:,} tokens)")
+
+
+class Distribution(Model):
+    median: float
+    mean: float
+    min: float
+    max: float
+    values: list[float]
+
+
+class LaunchSummary(Model):
+    """One launch (all its ranks): throughput, step times, memory, losses, sample order."""
+
+    world_size: int
+    strategy: str
+    backend: str
+    micro_batch_size: int
+    accumulation: int
+    measured_steps: int
+    useful_tokens: int
+    useful_tokens_per_s: float
+    step_time_s: Distribution
+    peak_memory_bytes_per_rank: int | None
+    losses: list[float]
+    loss_spread_between_ranks: float
+    samples: list[list[str]] = Field(default_factory=list)
+    ranks_reported: list[int]
+    per_rank: list[dict[str, Any]]
+
+
+class StrategyResult(Model):
+    """One strategy against the 1-rank baseline (or why it could not run)."""
+
+    status: str  # ok | does_not_fit
+    nproc: int
+    world_size: int
+    efficiency: float | None = None
+    useful_tokens_per_s: float | None = None
+    error: str | None = None
+    launch_error: str | None = None
+    baseline_useful_tokens_per_s: float | None = None
+    speedup: float | None = None
+    step_time_s_median: float | None = None
+    peak_memory_bytes_per_rank: int | None = None
+    baseline_peak_memory_bytes: int | None = None
+    overhead_s_per_step: float | None = None
+    overhead_fraction: float | None = None
+    loss_max_abs_diff: float | None = None
+    loss_tolerance: float | None = None
+    loss_agrees: bool | None = None
+    loss_per_step: dict[str, list[float]] | None = None
+    data_order_same: bool | None = None
+    data_order_first_mismatch_step: int | None = None
+    samples_checked: int | None = None
+    ranks_reported: list[int] = Field(default_factory=list)
+    all_ranks_reported: bool | None = None
+    global_batch_samples: int | None = None
+    figures: dict[str, Figure] = Field(default_factory=dict)
+    run: dict[str, Any] | None = None
+    note: str | None = None
+
+
+class Recommendation(Model):
+    strategy: str | None
+    reason: str
+
+
+class ScalingResult(StageResult):
+    STAGE = "scale"
+    label: str
+    nproc: int
+    nnodes: int
+    world_size: int
+    device: str
+    steps: int
+    warmup_steps: int
+    global_batch: BatchPlan
+    preflight: dict[str, Any]
+    baseline: LaunchSummary
+    strategies: dict[str, StrategyResult]
+    recommendation: Recommendation
+    warnings: list[dict[str, str]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    run_dir: str | None = None

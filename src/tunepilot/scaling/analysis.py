@@ -1,0 +1,191 @@
+"""The scaling test's analysis: one launch's throughput, step times, memory, losses and sample
+order (summarize), a strategy against the 1-rank baseline (compare), and which strategy to use
+on this hardware (recommend)."""
+
+from __future__ import annotations
+
+import statistics
+
+from tunepilot.results.figure import Figure
+from tunepilot.results.scale import (
+    BatchPlan,
+    LaunchSummary,
+    Recommendation,
+    StrategyResult,
+)
+from tunepilot.units import fmt_bytes
+
+# Largest |loss(N ranks) - loss(1 rank)| over the same global batches that still counts as
+# agreement. fp32: only the order of the reduction differs (all-reduce of per-rank means vs one
+# mean); float32 eps is 2^-23, so after a few Adam steps differences stay near 1e-6; 1e-3 leaves
+# room for longer runs. bf16 (8 bits of mantissa, eps 2^-8 = 0.0039): a loss of ~2-10 moves by a
+# few hundredths when rounding differs.
+LOSS_TOLERANCE = {"fp32": 1e-3, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2, "bf16-true": 1e-1}
+SAME_SPEED_FRACTION = 0.05  # throughputs within 5% are a tie (few steps: that is the noise)
+
+
+def _dist(values: list[float]) -> dict:
+    xs = sorted(values)
+    return {"median": statistics.median(xs), "mean": statistics.fmean(xs), "min": xs[0],
+            "max": xs[-1], "values": values}
+
+
+def summarize(records: list[dict]) -> LaunchSummary:
+    """Throughput, step times, memory, losses and sample order of one launch (all its ranks).
+
+    A step ends when its slowest rank ends (the optimizer step of every rank follows the same
+    collective), so the global step time is the max over ranks, and throughput = all ranks'
+    useful tokens over the sum of those step times (measured steps only).
+    """
+    world = len(records)
+    n_steps = len(records[0]["steps"])
+    meas = [i for i in range(n_steps) if records[0]["steps"][i]["measured"]]
+    step_s = [max(r["steps"][i]["wall_s"] for r in records) for i in meas]
+    tokens = sum(r["steps"][i]["useful_tokens"] for r in records for i in meas)
+    per_rank = []
+    for r in records:
+        rs = [r["steps"][i] for i in meas]
+        inflight = [s["comm_inflight_s"] for s in rs if s.get("comm_inflight_s") is not None]
+        exposed = [s["comm_exposed_s"] for s in rs if s.get("comm_exposed_s") is not None]
+        wall = sum(s["wall_s"] for s in rs)
+        per_rank.append({
+            "rank": r["rank"], "host": r["host"], "pid": r["pid"], "device": r["device"],
+            "threads": r["threads"], "params_local": r["params_local"],
+            "useful_tokens": sum(s["useful_tokens"] for s in rs),
+            "useful_tokens_per_s": sum(s["useful_tokens"] for s in rs) / wall if wall else None,
+            "step_time_s": _dist([s["wall_s"] for s in rs]),
+            "peak_memory_bytes": r["memory"]["peak_bytes"]["value"],
+            "memory_measure": r["memory"]["peak_bytes"].get("what"),
+            "comm_inflight_s_per_step": statistics.fmean(inflight) if inflight else None,
+            "comm_exposed_s_per_step": statistics.fmean(exposed) if exposed else None,
+            "comm_measure": r["comm_measure"]})
+    losses = [records[0]["steps"][i]["loss_global"] for i in range(n_steps)]
+    spread = max(abs(r["steps"][i]["loss_global"] - losses[i]) for r in records
+                 for i in range(n_steps))
+    return LaunchSummary(**{
+        "world_size": world, "strategy": records[0]["strategy"],
+        "backend": records[0]["backend"],
+        "micro_batch_size": records[0]["micro_batch_size"],
+        "accumulation": records[0]["accumulation"],
+        "measured_steps": len(meas), "useful_tokens": tokens,
+        "useful_tokens_per_s": tokens / sum(step_s), "step_time_s": _dist(step_s),
+        "peak_memory_bytes_per_rank": max(p["peak_memory_bytes"] for p in per_rank),
+        "losses": losses, "loss_spread_between_ranks": spread,
+        "samples": [interleave([r["steps"][i]["samples"] for r in records])
+                    for i in range(n_steps)],
+        "ranks_reported": sorted(r["rank"] for r in records), "per_rank": per_rank})
+
+
+def interleave(per_rank: list[list[str]]) -> list[str]:
+    """The single-device order of one step: sample k of rank r is sample k*W + r
+    (StatefulDistributedSampler hands rank r the indices r, r+W, r+2W, ...)."""
+    world = len(per_rank)
+    out = [""] * sum(len(x) for x in per_rank)
+    for r, xs in enumerate(per_rank):
+        for k, fp in enumerate(xs):
+            out[k * world + r] = fp
+    return out
+
+
+def compare(run: LaunchSummary, base: LaunchSummary, batches: BatchPlan, precision: str,
+            nproc: int) -> StrategyResult:
+    """The verdict of one strategy against the 1-rank baseline."""
+    w = run.world_size
+    eff = run.useful_tokens_per_s / (w * base.useful_tokens_per_s)
+    diffs = [abs(a - b) for a, b in zip(run.losses, base.losses, strict=True)]
+    tol = LOSS_TOLERANCE.get(precision, 5e-2)
+    order = [i for i, (a, b) in enumerate(zip(run.samples, base.samples, strict=True)) if a != b]
+    per_micro_s = base.step_time_s.median / batches.baseline_accumulation
+    overhead = run.step_time_s.median - per_micro_s * batches.accumulation
+    rule = ("median N-rank step time - (baseline median step time / baseline accumulation) x "
+            "N-rank accumulation: what a step costs beyond its compute on one device "
+            "(communication, waiting for the slowest rank, sharding)")
+    M = Figure.measured
+    d = StrategyResult(
+        status="ok", nproc=nproc, world_size=w, efficiency=eff,
+        useful_tokens_per_s=run.useful_tokens_per_s,
+        baseline_useful_tokens_per_s=base.useful_tokens_per_s,
+        speedup=run.useful_tokens_per_s / base.useful_tokens_per_s,
+        step_time_s_median=run.step_time_s.median,
+        peak_memory_bytes_per_rank=run.peak_memory_bytes_per_rank,
+        baseline_peak_memory_bytes=base.peak_memory_bytes_per_rank,
+        overhead_s_per_step=overhead, overhead_fraction=overhead / run.step_time_s.median,
+        loss_max_abs_diff=max(diffs), loss_tolerance=tol, loss_agrees=max(diffs) <= tol,
+        loss_per_step={"n_ranks": run.losses, "one_rank": base.losses},
+        data_order_same=not order, data_order_first_mismatch_step=order[0] if order else None,
+        samples_checked=sum(len(s) for s in run.samples), ranks_reported=run.ranks_reported,
+        all_ranks_reported=run.ranks_reported == list(range(w)),
+        global_batch_samples=batches.global_batch_samples,
+        figures={
+            "efficiency": M(eff, "ratio", rule="T_N / (N x T_1) on useful tokens/s"),
+            "useful_tokens_per_s": M(run.useful_tokens_per_s, "tokens/s"),
+            "peak_memory_per_rank": M(run.peak_memory_bytes_per_rank, "bytes"),
+            "step_time_median": M(run.step_time_s.median, "s"),
+            "overhead_per_step": M(overhead, "s", rule=rule),
+            "loss_max_abs_diff": M(max(diffs), "nats/token"),
+        },
+        run=run.model_dump(exclude={"samples", "losses"}))
+    if eff > 1 + SAME_SPEED_FRACTION:
+        d.note = (f"efficiency {eff:.2f} is above 1: N ranks cannot do more than N times one "
+                     "rank's work, so the baseline ran slow (a busy machine, a cold cache) or "
+                     "the steps were too few; rerun with more --steps before trusting it")
+    return d
+
+
+def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: int
+              ) -> Recommendation:
+    """Which strategy to use on this hardware, and why (throughput vs memory per rank)."""
+    if world == 1:
+        return Recommendation(strategy="single", reason="one rank: only the baseline ran, there "
+                              "is nothing to compare it with; run with --nproc 2 or more")
+    ok = {s: r for s, r in results.items() if r.status == "ok"}
+    broken = [s for s, r in ok.items() if not (r.loss_agrees and r.data_order_same)]
+    good = {s: r for s, r in ok.items() if s not in broken}
+    unfit = [s for s, r in results.items() if r.status == "does_not_fit"]
+    if not good:
+        why = ("; ".join(f"{s}: loss or data order disagrees with one rank" for s in broken) or
+               "; ".join(f"{s} does not fit" for s in unfit) or "no strategy ran")
+        return Recommendation(strategy=None, reason=f"no strategy passed: {why}")
+    best = max(good, key=lambda s: good[s].useful_tokens_per_s)
+    b = good[best]
+    if b.useful_tokens_per_s <= base.useful_tokens_per_s:
+        return Recommendation(strategy="single", reason=(
+            f"{world} ranks with {best} deliver {b.useful_tokens_per_s:,.0f} useful tokens/s, "
+            f"not more than one device's {base.useful_tokens_per_s:,.0f} (efficiency "
+            f"{b.efficiency:.2f}): on this hardware scaling out loses; rent one device, or fix "
+            "what the preflight warns about first"))
+    reason = [f"{best}: {b.useful_tokens_per_s:,.0f} useful tokens/s on {world} ranks, "
+              f"efficiency {b.efficiency:.2f}"]
+    other = next((s for s in good if s != best), None)
+    if other is not None:
+        o = good[other]
+        gap = 1 - o.useful_tokens_per_s / b.useful_tokens_per_s
+        if gap <= SAME_SPEED_FRACTION and o.peak_memory_bytes_per_rank < \
+                b.peak_memory_bytes_per_rank:
+            reason = [f"{other}: as fast within {SAME_SPEED_FRACTION:.0%} ({gap:.1%} under "
+                      f"{best}) and less memory per rank ({fmt_bytes(o.peak_memory_bytes_per_rank)}"
+                      f" vs {fmt_bytes(b.peak_memory_bytes_per_rank)}): the headroom buys a larger "
+                      "micro-batch or longer sequences"]
+            best, b = other, o
+        else:
+            reason.append(f"{b.useful_tokens_per_s / o.useful_tokens_per_s:.2f}x the "
+                          f"throughput of {other} "
+                          f"({o.useful_tokens_per_s:,.0f} tokens/s, efficiency "
+                          f"{o.efficiency:.2f}); memory per rank "
+                          f"{fmt_bytes(b.peak_memory_bytes_per_rank)} vs "
+                          f"{fmt_bytes(o.peak_memory_bytes_per_rank)}")
+    if unfit:
+        reason.append(f"{', '.join(unfit)} does not fit the device")
+    if b.efficiency < 0.5:
+        reason.append(f"but at efficiency {b.efficiency:.2f} each added device gives less "
+                      "than half a device: price the N-card term against one card's")
+    return Recommendation(strategy=best, reason="; ".join(reason))
+
+
+def notes(pre) -> list[str]:
+    out = []
+    if pre.node.kind == "cpu":
+        out.append("peak memory per rank on the CPU is the process's RSS at its peak over "
+                   "the training steps: it includes the Python/torch runtime, not only the "
+                   "training state, so it hides what FSDP's sharding saves on a small model")
+    return out

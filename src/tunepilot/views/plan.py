@@ -1,0 +1,103 @@
+"""The plan as a worked example: the arithmetic, the timeline, the peaks, the fit table; the
+presets and cards lists."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from tunepilot.results.plan import MemoryPlan
+from tunepilot.units import fmt_bytes, fmt_number
+from tunepilot.views.common import cell, console, table
+
+
+def render_plan(plan: MemoryPlan, spec, headroom: float) -> None:
+    p, d = plan.params, plan.per_device
+    kind = "projected" if plan.fidelity == "analytic" else f"projected ({plan.fidelity})"
+    console.print(f"[bold]{escape(spec.label)}[/bold]  ({plan.fidelity} plan; every figure is "
+                  f"{kind} for a {plan.stack.upper()} device; KiB/MiB/GiB = 2^10/2^20/2^30 bytes, "
+                  "cards are sold in GB = 10^9 bytes)")
+    console.print(f"params: total {p.total:,}  trainable {p.trainable:,}  frozen {p.frozen:,}   "
+                  f"method {spec.method.kind}, {spec.precision}, optimizer {spec.optimizer.name} "
+                  f"(state {spec.optimizer_state_dtype})")
+    console.print(f"tokens: micro-batch {spec.micro_batch_size} x seq {spec.sequence_length} = "
+                  f"{plan.tokens_per_micro_batch:,} tokens; x {spec.gradient_accumulation_steps} "
+                  f"accumulation x {plan.world_size} rank(s) = {plan.tokens_per_optimizer_step:,} "
+                  f"tokens per optimizer step ({plan.strategy})")
+    _components(plan)
+    _timeline(plan)
+    console.print(
+        f"allocated peak {fmt_bytes(d.allocated_peak_bytes)}  ->  reserved peak "
+        f"{fmt_bytes(d.reserved_peak_bytes)} (caching allocator)  +  runtime "
+        f"{fmt_bytes(d.runtime_overhead_bytes)} (context, workspaces, collectives)  =  "
+        f"[bold]device peak {fmt_bytes(d.device_peak_bytes)}[/bold]  ({kind})")
+    if plan.peak_phase == "model-load":
+        console.print(f"model load peak {fmt_bytes(d.load_peak_bytes)} sets the peak")
+    _fit(plan, headroom)
+    for diff in plan.differences:
+        console.print(f"[yellow]traced vs analytic[/yellow]: {diff['component']} "
+                      f"{fmt_bytes(diff['traced_bytes'])} traced, "
+                      f"{fmt_bytes(diff['analytic_bytes'])} analytic - {escape(diff['why'])}")
+    if plan.assumptions:
+        console.print("assumes: " + escape("; ".join(plan.assumptions)))
+
+
+def _components(plan: MemoryPlan) -> None:
+    b, d = plan.bytes_per_param, plan.per_device
+    t = table("Per device, by component", ["component", "bytes / param", "size"],
+              ("bytes / param", "size"))
+    t.add_row("weights", f"{fmt_number(b['weights_per_param'])} per param",
+              fmt_bytes(d.weights_bytes))
+    t.add_row("master weights",
+              f"{fmt_number(b['master_weights_per_trainable_param'])} per trainable",
+              fmt_bytes(d.master_weights_bytes))
+    t.add_row("gradients", f"{fmt_number(b['gradients_per_trainable_param'])} per trainable",
+              fmt_bytes(d.gradients_bytes))
+    t.add_row("optimizer state",
+              f"{fmt_number(b['optimizer_per_trainable_param'])} per trainable",
+              fmt_bytes(d.optimizer_bytes))
+    per_token = d.activations_bytes / max(plan.tokens_per_micro_batch, 1)
+    t.add_row("activations (saved)", f"{per_token:,.0f} B per token",
+              fmt_bytes(d.activations_bytes))
+    t.add_row("temporaries", "", fmt_bytes(d.temporary_bytes))
+    if d.collective_buffers_bytes:
+        t.add_row("collective buffers", "", fmt_bytes(d.collective_buffers_bytes))
+    t.add_row("model states", f"{fmt_number(b['model_states_per_param'])} per param", "")
+    console.print(t)
+
+
+def _timeline(plan: MemoryPlan) -> None:
+    cols = ["phase", "weights+master", "grads", "optimizer", "activations", "temporaries",
+            "total"]
+    t = table("Timeline of one step (live bytes; the peak is the largest phase, not a sum)",
+              cols, cols[1:])
+    for ph in plan.phases:
+        mark = " <- peak" if ph.name == plan.peak_phase else ""
+        t.add_row(ph.name + mark, fmt_bytes(ph.weights_bytes + ph.master_weights_bytes),
+                  fmt_bytes(ph.gradients_bytes), fmt_bytes(ph.optimizer_bytes),
+                  fmt_bytes(ph.activations_bytes),
+                  fmt_bytes(ph.temporary_bytes + ph.collective_buffers_bytes),
+                  fmt_bytes(ph.total_bytes))
+    console.print(t)
+
+
+def _fit(plan: MemoryPlan, headroom: float) -> None:
+    cols = ["card", "capacity", "device peak", "fits", "free", "DDP cards", "FSDP cards",
+            "max micro-batch", "max seq len"]
+    t = table(f"Fit per card (headroom {headroom:.0%}; capacity as the device reports it, sold "
+              "in GB = 10^9 bytes)", cols, cols[1:])
+    for row in plan.cards:
+        need = row.devices_needed
+        t.add_row(row.card, fmt_bytes(row.capacity_bytes, decimal=True),
+                  fmt_bytes(row.device_peak_bytes), "yes" if row.fits else "[red]no[/red]",
+                  f"{row.headroom_fraction:.0%}", cell(need.ddp) if need.ddp else "never",
+                  cell(need.fsdp) if need.fsdp else ">1024", cell(row.max_micro_batch),
+                  cell(row.max_sequence_length))
+    console.print(t)
+
+
+def render_rows(title: str, columns: list[str], rows: list[dict]) -> None:
+    """A list of plain rows (presets, cards)."""
+    t = table(title, columns)
+    for r in rows:
+        t.add_row(*[cell(r.get(c)) for c in columns])
+    console.print(t)

@@ -1,0 +1,25 @@
+"""Faults for child processes, plugged in with TUNEPILOT_CHILD_HOOK=support.faults:NAME."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def abort() -> None:
+    """What a C++ abort inside PyTorch looks like to the parent."""
+    os.abort()
+
+
+def crash_rank_1() -> None:
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("rank 1 fails on purpose (test fault hook)")
+
+
+def hang_rank_1() -> None:
+    if os.environ.get("RANK") == "1":
+        print("[tunepilot rank 1] init hanging on purpose (test fault hook)", file=sys.stderr,
+              flush=True)
+        while True:
+            time.sleep(3600)
