@@ -143,3 +143,12 @@ def test_cli_export_json(run_dir, tmp_path):
     assert data["verified"] is True and data["files_copied"] == len(data["files"])
     res = CliRunner().invoke(app, ["export", str(run_dir), str(tmp_path / "out")])
     assert res.exit_code == 0 and "skipped" in res.stdout
+
+
+def test_export_result_reads_back_equal(run_dir, tmp_path):
+    from tunepilot.results.export import ExportResult
+
+    result = export_run(run_dir, str(tmp_path / "dest"))
+    back = RunDir(run_dir).read(ExportResult)
+    assert back == ExportResult.from_dict(result.to_dict())
+    assert back.to_dict() == json.loads((run_dir / "export.json").read_text())

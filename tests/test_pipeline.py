@@ -169,3 +169,40 @@ def test_demo_runs_end_to_end_without_the_network(tmp_path):
         "plan": "passed", "pilot": "passed", "restore": "passed", "scale": "passed",
         "quote": "passed"}
     assert Path(payload["report_html"]).exists()
+
+
+@pytest.mark.parametrize("name", ["plan", "pilot", "restore", "quote", "decision"])
+def test_every_stage_result_reads_back_equal(tiny_run, name):
+    """The run directory's schema: what this version writes it reads back as an equal model,
+    and writing that model again gives the same bytes."""
+    from tunepilot.results.decision import Decision
+    from tunepilot.results.pilot import PilotResult
+    from tunepilot.results.plan import MemoryPlan
+    from tunepilot.results.quote import Quote
+    from tunepilot.results.restore import RestoreResult
+    from tunepilot.store import RunDir
+
+    cls = {"plan": MemoryPlan, "pilot": PilotResult, "restore": RestoreResult, "quote": Quote,
+           "decision": Decision}[name]
+    _, out, _, _ = tiny_run
+    first = RunDir(out).read(cls)
+    assert isinstance(first, cls) and first.stage == name
+    data = json.loads((out / f"{name}.json").read_text())
+    assert first.to_dict() == data
+    assert cls.from_dict(first.to_dict()) == first
+
+
+def test_an_older_result_gets_a_rerun_message_not_a_traceback(tiny_run, tmp_path):
+    _, out, _, _ = tiny_run
+    copy = tmp_path / "old"
+    shutil.copytree(out, copy)
+    data = json.loads((copy / "pilot.json").read_text())
+    data["schema_version"] = 1
+    (copy / "pilot.json").write_text(json.dumps(data))
+    proc = subprocess.run([sys.executable, "-m", "tunepilot", "quote", str(TINY), "--from",
+                           str(copy), "--card", "h100-sxm-80gb", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    notes = " ".join(json.loads(proc.stdout)["notes"])  # the quote goes on, projected, and says so
+    assert "pilot.json was not used" in notes and "written by an older tunepilot" in notes
+    assert "Traceback" not in proc.stderr

@@ -165,3 +165,13 @@ def test_a_hanging_rank_is_torn_down_at_the_timeout(tmp_path):
     assert "timed out after 15 s" in str(err) and "hanging on purpose" in str(err)
     assert timeout_s <= elapsed < timeout_s + 3 * TEARDOWN_GRACE_S
     assert _leftovers(str(tmp_path)) == []
+
+
+def test_scale_result_reads_back_equal(scaled):
+    from tunepilot.results.scale import ScalingResult
+    from tunepilot.store import RunDir
+
+    _, out, result, _ = scaled
+    back = RunDir(out).read(ScalingResult)
+    assert back == ScalingResult.from_dict(result.to_dict())
+    assert back.to_dict() == json.loads((out / "scale.json").read_text())

@@ -321,7 +321,9 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
     return Quote(
         spec_label=ctx.spec.label, spec_hash=ctx.spec.spec_hash(), card_id=card.id, count=count,
         strategy=strategy, target_useful_tokens=target, optimizer_steps=steps,
-        tokens_per_step=tps, throughput=throughput, time_terms=terms, job_s=job, term=term,
+        tokens_per_step=tps, flops_per_token=Figure.projected(
+            ctx.flops.train, "FLOP/token", ctx.flops.formula),
+        throughput=throughput, time_terms=terms, job_s=job, term=term,
         finishes_in_term=term.term_s >= job.value, margin_s=term.term_s - job.value,
         margin_fraction=(term.term_s - job.value) / job.value,
         useful_tokens_in_term=target * share, shortest_term=shortest,

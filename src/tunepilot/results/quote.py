@@ -91,6 +91,8 @@ class Quote(StageResult, _Derived):
     target_useful_tokens: float
     optimizer_steps: int
     tokens_per_step: int
+    flops_per_token: Figure
+    """training FLOPs per token (model/flops.py, the same function the pilot's MFU uses)"""
     throughput: dict[str, Figure]
     time_terms: list[TimeTerm]
     job_s: Figure
