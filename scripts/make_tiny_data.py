@@ -1,4 +1,10 @@
-"""Regenerate the shipped tiny text set and tokenizer (src/tunepilot/resources/tiny/).
+"""Regenerate the shipped tiny text set, chat set and tokenizers (src/tunepilot/resources/tiny/).
+
+    train.jsonl           256 plain-text samples ({"text": ...}) for `data.source: tiny-text`
+    tokenizer/            a 512-token byte-level BPE trained on them (no chat template)
+    chat.jsonl            400 chat samples ({"messages": [...]}: system/user/assistant, some
+                          multi-turn, long-tailed lengths) for `data.source: tiny-chat`
+    chat-tokenizer/       a 512-token BPE with <|im_start|>/<|im_end|> and a ChatML template
 
 Run once by a developer; the outputs are committed so nothing is generated or downloaded at run
 time. Deterministic: the same seed gives the same files.
@@ -28,6 +34,57 @@ def sentence(rng: random.Random) -> str:
                      rng.choice(TAILS)])
 
 
+QUESTIONS = ["Why does {s} need {o}?", "How often {s} {v} {o}?", "What happens when {s} {v} {o}?",
+             "Can {s} {v} {o} {t}", "Explain how {s} {v} {o}."]
+SYSTEMS = ["You are a careful assistant for people renting accelerators.",
+           "Answer briefly and name the unit of every number."]
+
+
+def conversation(rng: random.Random) -> dict:
+    """One chat sample: an optional system turn, 1-3 user/assistant exchanges; answers of
+    1-12 sentences (rarely up to 24: the long tail)."""
+    msgs = [{"role": "system", "content": rng.choice(SYSTEMS)}] if rng.random() < 0.4 else []
+    for _ in range(rng.choice([1, 1, 1, 2, 3])):
+        q = rng.choice(QUESTIONS).format(s=rng.choice(SUBJECTS), v=rng.choice(VERBS),
+                                         o=rng.choice(OBJECTS), t=rng.choice(TAILS))
+        n = rng.choice([1, 2, 3, 4, 6, 8, 12]) if rng.random() < 0.92 else rng.randint(16, 24)
+        msgs.append({"role": "user", "content": q[0].upper() + q[1:]})
+        msgs.append({"role": "assistant", "content": " ".join(sentence(rng) for _ in range(n))})
+    return {"messages": msgs}
+
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+          "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def chat_files() -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(20261203)
+    rows = [conversation(rng) for _ in range(400)]
+    with open(OUT / "chat.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    texts = [f"{m['role']}\n{m['content']}" for r in rows for m in r["messages"]]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<pad>", "<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    tdir = OUT / "chat-tokenizer"
+    tdir.mkdir(exist_ok=True)
+    tok.save(str(tdir / "tokenizer.json"))
+    (tdir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "unk_token": "<unk>",
+        "bos_token": "<s>", "eos_token": "<|im_end|>", "model_max_length": 512,
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "chat_template": CHATML},
+        indent=2) + "\n")
+    print(f"wrote {len(rows)} chat samples and a {tok.get_vocab_size()}-token chat tokenizer")
+
+
 def main() -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -53,6 +110,7 @@ def main() -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "unk_token": "<unk>",
         "bos_token": "<s>", "eos_token": "</s>", "model_max_length": 512}, indent=2) + "\n")
     print(f"wrote {len(rows)} samples and a {tok.get_vocab_size()}-token tokenizer to {OUT}")
+    chat_files()
 
 
 if __name__ == "__main__":

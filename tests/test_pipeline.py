@@ -166,7 +166,7 @@ def test_demo_runs_end_to_end_without_the_network(tmp_path):
     payload = json.loads(proc.stdout)
     assert payload["ready"], payload["decision"]
     assert {g["stage"]: g["status"] for g in payload["gates"]} == {
-        "plan": "passed", "pilot": "passed", "restore": "passed", "scale": "passed",
+        "data": "passed", "plan": "passed", "pilot": "passed", "restore": "passed", "scale": "passed",
         "quote": "passed"}
     assert Path(payload["report_html"]).exists()
 

@@ -138,3 +138,78 @@ def test_malformed_specs_never_raise_a_traceback(tmp_path, capsys, data):
     code, out, err = run_cli(["plan", str(p), "--card", "h100"], capsys)
     assert code in (0, 2), err
     assert "Traceback" not in err
+
+
+HOSTILE = [
+    ("alias bomb", "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+     "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+     "e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
+     "model: {preset: tiny}\nname: *f\n", "expands to more than"),
+    ("deep nesting", "model: {preset: tiny}\nname: " + "[" * 1000 + "]" * 1000 + "\n", "nested"),
+    ("5000-digit integer", "model: {preset: tiny}\nseed: " + "9" * 5000 + "\n", "cannot read"),
+    ("not UTF-8", b"model: {preset: tiny}\nname: \xff\xfe\n", "UTF-8"),
+]
+
+
+@pytest.mark.parametrize("name,text,needle", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_yaml_is_refused_quickly_with_a_bounded_message(tmp_path, capsys, name, text,
+                                                                 needle):
+    import time
+
+    p = tmp_path / "hostile.yaml"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    t = time.perf_counter()
+    code, out, err = run_cli(["plan", str(p)], capsys)
+    assert code == 2 and needle in err and "Traceback" not in err
+    assert len(err) < 2000 and time.perf_counter() - t < 5
+
+
+STRICT = [
+    ("sequence_length: '64'", "sequence_length"),
+    ("micro_batch_size: 18446744073709551617", "micro_batch_size"),
+    ("sequence_length: 1.0e30", "sequence_length"),
+    ("optimizer: {lr: .inf}", "optimizer.lr"),
+    ("target: {tokens: .inf}", "target.tokens"),
+    ("gradient_accumulation_steps: true", "gradient_accumulation_steps"),
+    ("checkpoint: {dir: \"a\\0b\"}", "checkpoint.dir"),
+    ("seed: -1", "seed"),
+]
+
+
+@pytest.mark.parametrize("line,field", STRICT, ids=[s[0] for s in STRICT])
+def test_wrong_types_and_unbounded_values_are_refused(tmp_path, capsys, line, field):
+    p = tmp_path / "s.yaml"
+    p.write_text(f"model: {{preset: tiny}}\n{line}\n")
+    code, out, err = run_cli(["plan", str(p)], capsys)
+    assert code == 2 and f"{field}:" in err and "Traceback" not in err
+
+
+def test_scientific_notation_without_a_dot_is_a_number(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("model: {preset: tiny}\noptimizer: {lr: 1e-3}\ntarget: {tokens: 5e8}\n")
+    spec = load_spec(p)
+    assert spec.optimizer.lr == 1e-3 and spec.target.tokens == 5e8
+
+
+@pytest.mark.parametrize("key,value", [("vocab_size", "abc"), ("vocab_size", []),
+                                       ("vocab_size", -5), ("num_attention_heads", 0),
+                                       ("head_dim", 0), ("num_hidden_layers", 2.5)])
+def test_a_model_config_with_impossible_dimensions_is_refused(tmp_path, capsys, key, value):
+    import json
+
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "src/tunepilot/resources/presets/"
+                      "tiny.json").read_text())
+    cfg[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"model: {{config: {tmp_path / 'config.json'}}}\n")
+    code, _, err = run_cli(["plan", str(spec)], capsys)
+    assert code == 2 and f"config {key!r} is" in err and "Traceback" not in err
+
+
+def test_a_model_config_that_is_not_utf8_is_refused(tmp_path, capsys):
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe{")
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"model: {{config: {tmp_path / 'config.json'}}}\n")
+    code, _, err = run_cli(["plan", str(spec)], capsys)
+    assert code == 2 and "not UTF-8" in err

@@ -1,4 +1,4 @@
-"""The staged pilot: plan -> pilot -> restore -> scale -> quote, each stage a gate for the next.
+"""The staged pilot: (data ->) plan -> pilot -> restore -> scale -> quote, each stage a gate for the next.
 
 The stages are a table: each has a name, the result type it writes, how it runs, whether it is
 needed here, and its gate (a verdict with a one-line summary). Reuse is written once: a stage
@@ -17,6 +17,7 @@ from pathlib import Path
 from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.errors import TunepilotError, UserError
 from tunepilot.results.base import StageResult
+from tunepilot.results.data import DataProfile
 from tunepilot.results.decision import Decision, Gate
 from tunepilot.results.pilot import PilotResult
 from tunepilot.results.plan import MemoryPlan
@@ -95,6 +96,30 @@ def _passed(stage: str, summary: str) -> Gate:
 
 def _failed(stage: str, summary: str) -> Gate:
     return Gate(stage=stage, status="failed", summary=summary)
+
+
+# --- 0. data (a dataset only) ------------------------------------------------------------------
+
+
+def _data_needed(c: Ctx) -> str | None:
+    return "synthetic data: every sample is sequence_length long" \
+        if c.spec.data.source == "synthetic" else None
+
+
+def _run_data(c: Ctx) -> DataProfile:
+    from tunepilot.dataset.profile import profile_dataset
+    from tunepilot.model.arch import resolve_arch
+
+    c.say("data: the whole dataset's lengths, trained tokens and padding (cached)")
+    arch = resolve_arch(c.spec, c.options.base_dir)
+    return profile_dataset(c.spec, arch.vocab_size, c.options.base_dir)
+
+
+def _gate_data(c: Ctx, p: DataProfile) -> Gate:
+    b = p.used
+    return _passed("data", f"{p.samples:,} samples, {p.tokens_supervised.value:,} trained "
+                           f"tokens (measured); {b.padding_fraction.value:.1%} padding "
+                           f"{'packed' if p.packing else 'padded'}")
 
 
 # --- 1. plan -----------------------------------------------------------------------------------
@@ -260,6 +285,8 @@ def _gate_quote(c: Ctx, q: Quote) -> Gate:
 
 
 STAGES = (
+    Stage("data", DataProfile, _run_data, _gate_data, needed=_data_needed,
+          reusable=lambda _c, _r: None),
     Stage("plan", MemoryPlan, _run_plan, _gate_plan),
     Stage("pilot", PilotResult, _run_pilot, _gate_pilot, reusable=_reuse_pilot),
     Stage("restore", RestoreResult, _run_restore, _gate_restore, reusable=_reuse_restore),
@@ -296,6 +323,8 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
                           label=spec.label)
     for stage in STAGES:
         skip = stage.needed(c)
+        if skip and stage.name == "data":
+            continue  # no dataset, no data gate
         if skip:
             decision.gates.append(Gate(stage=stage.name, status="skipped", summary=skip))
             continue

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tunepilot.errors import SpecError, did_you_mean
 
@@ -30,7 +39,9 @@ CHUNKED_LOSS_TOKENS = 1024
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Unknown keys are errors and types are strict: '64' is not a number, true is not 1."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class ModelSpec(_Strict):
@@ -57,9 +68,9 @@ class MethodSpec(_Strict):
     """Full fine-tuning, LoRA, or QLoRA (NF4 4-bit frozen base, bf16 compute)."""
 
     kind: MethodKind = "lora"
-    lora_rank: int | None = Field(default=None, gt=0)
-    lora_alpha: float | None = Field(default=None, gt=0)
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    lora_rank: int | None = Field(default=None, gt=0, le=65536)
+    lora_alpha: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
     lora_targets: list[str] | Literal["all-linear"] = Field(
         default_factory=lambda: ["q_proj", "v_proj"]
     )
@@ -104,8 +115,8 @@ class OptimizerSpec(_Strict):
     """The optimizer and the dtype of its state."""
 
     name: OptimizerName = "adamw"
-    lr: float = Field(default=2.0e-4, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
+    lr: float = Field(default=2.0e-4, gt=0, le=10, allow_inf_nan=False)
+    weight_decay: float = Field(default=0.0, ge=0, le=10, allow_inf_nan=False)
     state_dtype: StateDtype | None = None
     impl: Literal["foreach", "fused", "for-loop"] | None = None
     """PyTorch's implementation; default as PyTorch picks (foreach on CUDA, for-loop on CPU)."""
@@ -115,15 +126,15 @@ class SchedulerSpec(_Strict):
     """Learning-rate schedule (part of the training state a checkpoint must restore)."""
 
     kind: Literal["constant", "linear", "cosine"] = "cosine"
-    warmup_steps: int = Field(default=10, ge=0)
+    warmup_steps: int = Field(default=10, ge=0, le=10**9)
 
 
 class ParallelSpec(_Strict):
     """How the run is spread over devices."""
 
     strategy: Strategy = "single"
-    devices: int = Field(default=1, gt=0)
-    nodes: int = Field(default=1, gt=0)
+    devices: int = Field(default=1, gt=0, le=4096)
+    nodes: int = Field(default=1, gt=0, le=4096)
     reshard_after_forward: bool = True
     cpu_offload: bool = False
 
@@ -141,42 +152,103 @@ class ParallelSpec(_Strict):
         return self.devices * self.nodes
 
 
-class DataSpec(_Strict):
-    """Training data: synthetic tokens, or a local JSONL file with a local HF tokenizer."""
+DataSource = Literal["synthetic", "tiny-text", "tiny-chat", "jsonl", "parquet", "arrow", "hf-disk"]
+DataFormat = Literal["text", "prompt-completion", "messages"]
+FILE_SOURCES = ("jsonl", "parquet", "arrow", "hf-disk")
+NAMED_CHAT_TEMPLATES = ("chatml", "llama-3")
 
-    source: Literal["synthetic", "jsonl", "tiny-text"] = "synthetic"
+
+class DataSpec(_Strict):
+    """Training data: synthetic tokens, the shipped tiny sets, or a local dataset file (JSONL,
+    Parquet, Arrow, a ``datasets.save_to_disk`` directory) read with a local tokenizer.
+
+    format: text (every token trained), prompt-completion or messages (chat turns rendered with
+    a chat template; under ``train_on: completions`` only the completion / assistant turns are
+    trained, the rest get label -100). packing: several samples per row of sequence_length
+    tokens, position ids restarting per sample so attention stays within each sample."""
+
+    source: DataSource = "synthetic"
     path: str | None = None
+    format: DataFormat | None = None
+    """default: messages for tiny-chat, else text"""
     text_field: str = "text"
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    messages_field: str = "messages"
     tokenizer: str | None = None
+    chat_template: str | None = None
+    """the tokenizer's own when it has one, else 'chatml' (said in the output); or 'chatml',
+    'llama-3', 'tokenizer' (the tokenizer's, required), or the path of a Jinja template"""
+    train_on: Literal["completions", "all"] | None = None
+    """default: completions for prompt-completion and messages, all for text"""
+    packing: bool = False
+    max_samples: int | None = Field(default=None, gt=0, le=10**9)
+    skip_bad_rows: bool = False
+    """skip (and count) rows that cannot be used instead of stopping at the first"""
+    split: str = "train"
+    """hf-disk: the split of a saved DatasetDict"""
     shuffle: bool = True
-    num_workers: int = Field(default=0, ge=0)
+    num_workers: int = Field(default=0, ge=0, le=256)
 
     @model_validator(mode="after")
-    def _jsonl_needs_files(self) -> DataSpec:
-        if self.source == "jsonl" and (self.path is None or self.tokenizer is None):
+    def _files_and_format(self) -> DataSpec:
+        if self.source in FILE_SOURCES and (self.path is None or self.tokenizer is None):
             raise ValueError(
-                "source 'jsonl' needs 'path' (a local .jsonl file) and 'tokenizer' (a local "
-                "Hugging Face tokenizer directory)"
+                f"source {self.source!r} needs 'path' (the local dataset) and 'tokenizer' (a "
+                "local Hugging Face tokenizer directory)"
             )
+        fmt = self.data_format
+        if fmt == "text" and self.train_on == "completions":
+            raise ValueError(
+                "train_on 'completions' needs a prompt-completion or messages format: plain "
+                "text has no completion to train on; set format, or train_on: all"
+            )
+        if self.source in ("synthetic", "tiny-text") and self.format not in (None, "text"):
+            raise ValueError(f"source {self.source!r} is plain text; format {self.format!r} "
+                             "needs a dataset file (jsonl, parquet, arrow, hf-disk)")
+        if self.chat_template is not None and fmt == "text":
+            raise ValueError("chat_template applies to prompt-completion and messages data; "
+                             "remove it, or set format")
         return self
+
+    @property
+    def data_format(self) -> str:
+        if self.format is not None:
+            return self.format
+        return "messages" if self.source == "tiny-chat" else "text"
+
+    @property
+    def supervise(self) -> str:
+        """What is trained: completions (prompt and user/system turns get label -100) or all."""
+        if self.train_on is not None:
+            return self.train_on
+        return "all" if self.data_format == "text" else "completions"
 
 
 class ValidationSpec(_Strict):
-    every_steps: int = Field(default=500, gt=0)
-    num_batches: int = Field(default=20, gt=0)
+    every_steps: int = Field(default=500, gt=0, le=10**12)
+    num_batches: int = Field(default=20, gt=0, le=10**6)
 
 
 class CheckpointSpec(_Strict):
-    every_steps: int = Field(default=1000, gt=0)
-    dir: str = "checkpoints"
+    every_steps: int = Field(default=1000, gt=0, le=10**12)
+    dir: str = Field(default="checkpoints", min_length=1, max_length=4096)
+
+    @field_validator("dir")
+    @classmethod
+    def _a_path(cls, v: str) -> str:
+        if "\x00" in v:
+            raise ValueError("holds a NUL character, which no file system allows in a path")
+        return v
 
 
 class TargetSpec(_Strict):
-    """How much training the term must deliver: useful tokens, or epochs over a dataset."""
+    """How much training the term must deliver: useful tokens, or epochs over a dataset (its
+    supervised tokens come from `tunepilot data`'s profile, or dataset_tokens)."""
 
-    tokens: float | None = Field(default=None, gt=0)
-    epochs: float | None = Field(default=None, gt=0)
-    dataset_tokens: float | None = Field(default=None, gt=0)
+    tokens: float | None = Field(default=None, gt=0, le=1e18, allow_inf_nan=False)
+    epochs: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
+    dataset_tokens: float | None = Field(default=None, gt=0, le=1e18, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _one_target(self) -> TargetSpec:
@@ -184,16 +256,17 @@ class TargetSpec(_Strict):
             object.__setattr__(self, "tokens", 1.0e9)
         if self.tokens is not None and self.epochs is not None:
             raise ValueError("sets both 'tokens' and 'epochs'; give one")
-        if self.epochs is not None and self.dataset_tokens is None:
-            raise ValueError("'epochs' needs 'dataset_tokens' (useful tokens in one epoch)")
         return self
 
     @property
-    def useful_tokens(self) -> float:
+    def useful_tokens(self) -> float | None:
+        """The target in useful tokens, when the spec alone says it (None: epochs of a dataset
+        whose profile says how many supervised tokens an epoch holds)."""
         if self.tokens is not None:
             return self.tokens
-        assert self.epochs is not None and self.dataset_tokens is not None
-        return self.epochs * self.dataset_tokens
+        if self.dataset_tokens is not None:
+            return self.epochs * self.dataset_tokens
+        return None
 
 
 class RunSpec(_Strict):
@@ -205,9 +278,10 @@ class RunSpec(_Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     precision: Precision = "bf16-mixed"
-    sequence_length: int = Field(default=2048, gt=0)
-    micro_batch_size: int = Field(default=1, gt=0)
-    gradient_accumulation_steps: int = Field(default=1, gt=0)
+    sequence_length: int = Field(default=2048, gt=0, le=1 << 21)
+    """tokens per sample (at most 2,097,152)"""
+    micro_batch_size: int = Field(default=1, gt=0, le=1 << 16)
+    gradient_accumulation_steps: int = Field(default=1, gt=0, le=1 << 16)
     activation_checkpointing: Checkpointing = "none"
     chunked_loss: bool = False
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
@@ -215,7 +289,7 @@ class RunSpec(_Strict):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     target: TargetSpec = Field(default_factory=TargetSpec)
-    seed: int = 1234
+    seed: int = Field(default=1234, ge=0, lt=2**63)
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunSpec:
@@ -223,6 +297,12 @@ class RunSpec(_Strict):
             raise ValueError(
                 f"method.kind qlora computes in bf16 but precision is {self.precision!r}; "
                 "set precision: bf16-true or bf16-mixed"
+            )
+        if (self.target.epochs is not None and self.target.dataset_tokens is None
+                and self.data.source == "synthetic"):
+            raise ValueError(
+                "target.epochs needs a dataset (data.source) or target.dataset_tokens (useful "
+                "tokens in one epoch): synthetic data has no epochs"
             )
         return self
 
@@ -282,29 +362,103 @@ class RunSpec(_Strict):
 # --- loading -----------------------------------------------------------------------------------
 
 
-def load_spec(path: str | Path) -> RunSpec:
-    """Read and validate a run spec; every problem becomes a SpecError naming the field."""
-    import yaml
+MAX_SPEC_BYTES = 1 << 20  # a spec or trainer config is a few KiB; anything near this is not one
+MAX_NODES = 20_000  # values after expanding YAML aliases (a billion-laughs file has billions)
+MAX_DEPTH = 64
 
+
+def read_yaml_mapping(path: str | Path, what: str = "spec") -> dict:
+    """A YAML (or JSON) file as a mapping: size-capped, alias expansion and nesting bounded, so a
+    hostile file is refused in milliseconds - every problem a SpecError naming the file."""
     p = Path(path)
     if not p.exists():
-        raise SpecError(None, f"spec file {str(p)!r} does not exist.",
+        raise SpecError(None, f"{what} file {str(p)!r} does not exist.",
                         "Check the path, or start from one of the files in examples/.")
     if p.is_dir():
-        raise SpecError(None, f"spec path {str(p)!r} is a directory, not a YAML file.")
+        raise SpecError(None, f"{what} path {str(p)!r} is a directory, not a YAML file.")
     try:
+        if p.stat().st_size > MAX_SPEC_BYTES:
+            raise SpecError(None, f"{p.name} is {p.stat().st_size:,} bytes; a {what} is a few "
+                            f"KiB (limit {MAX_SPEC_BYTES:,}).", "Check it is the right file.")
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(None, f"cannot read spec file {str(p)!r}: {exc}.") from None
+        raise SpecError(None, f"cannot read {what} file {str(p)!r}: {str(exc)[:200]}.",
+                        "It must be a UTF-8 YAML file.") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(None, f"{p.name} is not valid YAML{where}: {problem}.",
+        raise SpecError(None, f"{p.name} is not valid YAML{where}: {str(problem)[:200]}.",
                         "Fix the YAML syntax (indentation, a missing ':' or quote).") from None
-    return spec_from_dict(data, source=p.name)
+    except RecursionError:
+        raise SpecError(None, f"{p.name} is nested too deeply to be a {what}.") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise SpecError(None, f"{p.name} holds a value YAML cannot read: {str(exc)[:120]}.",
+                        "Numbers in a spec are ordinary sizes and rates.") from None
+    _check_size(data, p.name, what)
+    if data is None:
+        raise SpecError(None, f"{p.name} is empty.", "A spec needs at least 'model: {preset: "
+                        "...}'." if what == "spec" else None)
+    if not isinstance(data, dict):
+        raise SpecError(None, f"{p.name} must be a YAML mapping of fields, got "
+                        f"{type(data).__name__}.", "Start from one of the files in examples/.")
+    return data
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses more than MAX_NODES alias references (billion laughs), and reads
+    1e-3 as a number as YAML 1.2 does (PyYAML's 1.1 rules make it a string)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_NODES:
+                raise yaml.YAMLError(f"more than {MAX_NODES:,} alias references")
+        return super().compose_node(parent, index)
+
+
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _check_size(data: Any, name: str, what: str) -> None:
+    """Count the values the document expands to (aliases counted each time they are used,
+    memoised per object so a bomb is counted, not expanded) and its depth."""
+    sizes: dict[int, int] = {}
+
+    def size(x: Any, depth: int) -> int:
+        if depth > MAX_DEPTH:
+            raise SpecError(None, f"{name} is nested more than {MAX_DEPTH} levels deep; a {what} "
+                            "is not.")
+        if not isinstance(x, dict | list):
+            return 1
+        if id(x) in sizes:
+            return sizes[id(x)]
+        items = x.values() if isinstance(x, dict) else x
+        n = 1
+        for v in items:
+            n += size(v, depth + 1)
+            if n > MAX_NODES:
+                raise SpecError(None, f"{name} expands to more than {MAX_NODES:,} values "
+                                "(YAML aliases); a " + what + " has a few dozen.",
+                                "Remove the anchors/aliases that repeat themselves.")
+        sizes[id(x)] = n
+        return n
+
+    size(data, 0)
+
+
+def load_spec(path: str | Path) -> RunSpec:
+    """Read and validate a run spec; every problem becomes a SpecError naming the field."""
+    p = Path(path)
+    return spec_from_dict(read_yaml_mapping(p), source=p.name)
 
 
 def spec_from_dict(data: Any, source: str = "spec") -> RunSpec:
@@ -337,19 +491,25 @@ def _spec_error(exc: ValidationError, data: dict) -> SpecError:
         expected = err.get("ctx", {}).get("expected", "")
         choices = [c.strip().strip("'") for c in expected.replace(" or ", ",").split(",") if c.strip()]
         hint = did_you_mean(str(value), choices) if choices else ""
-        return SpecError(field, f"{value!r} is not one of {expected}.", hint)
+        return SpecError(field, f"{_short(value)} is not one of {expected}.", hint)
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         ctx = err.get("ctx", {})
         bound = next(iter(ctx.values()), "")
         words = {"greater_than": "greater than", "greater_than_equal": "at least",
                  "less_than": "less than", "less_than_equal": "at most"}[kind]
-        return SpecError(field, f"is {value!r} but must be {words} {bound}.",
+        return SpecError(field, f"is {_short(value)} but must be {words} {bound}.",
                          "Sizes and counts are positive whole numbers.")
     if kind == "value_error":
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
         return SpecError(field, msg + ".")
     msg = err.get("msg", "is not valid")
-    return SpecError(field, f"{msg} (got {value!r}).", _hint_for(loc))
+    return SpecError(field, f"{msg} (got {_short(value)}).", _hint_for(loc))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A value for an error message: never unbounded (a huge list or string is cut)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 5] + " ...)"
 
 
 def _model_at(loc: list[str]) -> type[BaseModel] | None:

@@ -80,12 +80,11 @@ def main(*, hard_exit: bool = False) -> None:
 
 
 def _click_error(exc: Exception) -> int:
-    import click
-
-    if isinstance(exc, click.exceptions.ClickException):
+    """click's (or typer's vendored click's) usage errors: the usage line and exit 2."""
+    if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
         exc.show()
         return exc.exit_code
-    if isinstance(exc, click.exceptions.Abort):
+    if type(exc).__name__ == "Abort":
         sys.stderr.write("aborted\n")
         return 1
     raise exc

@@ -72,6 +72,14 @@ class _Ctx:
             return target.epochs * self.profile.tokens_supervised.value
         return target.useful_tokens
 
+    def epoch_steps(self, count: int) -> int | None:
+        """Optimizer steps of the spec's epochs on ``count`` ranks (from the profile)."""
+        if self.spec.target.epochs is None or self.profile is None:
+            return None
+        s = self.spec
+        per = self.profile.used.steps_on(count, s.micro_batch_size, s.gradient_accumulation_steps)
+        return max(1, math.ceil(s.target.epochs * per))
+
     @property
     def load_bytes(self) -> int:
         per = DTYPE_BYTES["fp32"] if self.spec.precision == "fp32" else \
@@ -94,7 +102,7 @@ def _context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None,
         plan = make_plan(spec, catalog=catalog, card_ids=card_ids, arch=arch, base_dir=base_dir)
         params, fit = plan.params, {c.card: c for c in plan.cards}
     return _Ctx(spec, catalog, arch, params, flops_per_token(arch, spec), fit, run,
-                _profile(run_dir, spec))
+                _profile(run_dir, spec, arch, base_dir))
 
 
 def _staged_plan(run_dir: Path | str | None, spec: RunSpec):
@@ -108,14 +116,25 @@ def _staged_plan(run_dir: Path | str | None, spec: RunSpec):
     return run.read_if(MemoryPlan) if run.stage_done("plan", spec.spec_hash()) else None
 
 
-def _profile(run_dir: Path | str | None, spec: RunSpec):
-    if run_dir is None:
-        return None
+def _profile(run_dir: Path | str | None, spec: RunSpec, arch, base_dir: Path | None):
+    """RUN_DIR/data.json when it is this spec's; else, for a target in epochs of a dataset, the
+    profile made now (tokenized once, then read from the cache)."""
     from tunepilot.results.data import DataProfile
-    from tunepilot.store import RunDir
 
-    run = RunDir(run_dir)
-    return run.read_if(DataProfile) if run.stage_done("data", spec.spec_hash()) else None
+    if run_dir is not None:
+        from tunepilot.store import RunDir
+
+        run = RunDir(run_dir)
+        if run.stage_done("data", spec.spec_hash()):
+            found = run.read_if(DataProfile)
+            if found is not None:
+                return found
+    if spec.target.epochs is None or spec.target.dataset_tokens is not None or \
+            spec.data.source == "synthetic":
+        return None
+    from tunepilot.dataset.profile import profile_dataset
+
+    return profile_dataset(spec, arch.vocab_size, base_dir)
 
 
 def _machine(ctx: _Ctx, card: Card, stage: str, fig: Figure | None, unit: str, what: str,
@@ -262,7 +281,7 @@ def _job(ctx: _Ctx, card: Card, count: int, strategy: str):
     eff, total = scaled(ctx, card, count, strategy, one)
     tokens_per_step = spec.tokens_per_step_on(count)
     target = ctx.target_tokens
-    steps = math.ceil(target / (tokens_per_step * useful.value))
+    steps = ctx.epoch_steps(count) or math.ceil(target / (tokens_per_step * useful.value))
     t = _Terms()
     _fixed_terms(ctx, card, t)
     t.add("training", 1, Figure(value=target / total.value, unit="s", basis=total.basis,
@@ -334,16 +353,17 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
         safety_margin=assumed("safety_margin"), pricing_source=card.pricing.source,
         pricing_as_of=card.pricing.as_of,
         run_dir=ctx.run.source() if ctx.run else None,
-        padding=_padding(ctx, job, throughput["useful_fraction"]),
+        padding=_padding(ctx, terms),
         notes=notes + (ctx.run.notes if ctx.run else []))
 
 
-def _padding(ctx: _Ctx, job: Figure, useful: Figure) -> dict | None:
+def _padding(ctx: _Ctx, terms: list[TimeTerm]) -> dict | None:
     """How much of the training time pays for padding, and what packing would save (a dataset
     profile knows both)."""
     if ctx.profile is None:
         return None
-    return ctx.profile.padding_summary(ctx.spec, job, useful)
+    training = next(t for t in terms if t.name == "training")
+    return ctx.profile.padding_summary(training.total)
 
 
 def quote(spec: RunSpec, *, card_id: str, count: int, term_s: int | None,

@@ -101,6 +101,11 @@ def _read_json(file: Path, field: str) -> dict[str, Any]:
         ) from exc
     except OSError as exc:
         raise SpecError(field=field, message=f"cannot read {str(file)!r}: {exc.strerror}.") from exc
+    except UnicodeDecodeError:
+        raise SpecError(field=field, message=f"{str(file)!r} is not UTF-8 text.",
+                        hint="A Hugging Face config.json is UTF-8 JSON.") from None
+    except RecursionError:
+        raise SpecError(field=field, message=f"{str(file)!r} is nested too deeply.") from None
     if not isinstance(data, dict):
         raise SpecError(
             field=field, message=f"{str(file)!r} holds a JSON {type(data).__name__}, not an object."
@@ -170,11 +175,11 @@ class Arch:
         heads = _need(cfg, "num_attention_heads", "n_head")
         vocab = _need(cfg, "vocab_size")
         if family == "gpt2":
-            inter = int(cfg.get("n_inner") or 4 * hidden)  # GPT2MLP: n_inner, default 4 * n_embd
+            inter = _optional_count(cfg, "n_inner", 4 * hidden)  # GPT2MLP: default 4 * n_embd
         else:
             inter = _need(cfg, "intermediate_size", "ffn_dim")
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        kv_heads = _optional_count(cfg, "num_key_value_heads", heads)
+        head_dim = _optional_count(cfg, "head_dim", max(1, hidden // heads))
         bias = bool(cfg.get("attention_bias", False))
         qkv_bias, o_bias, mlp_bias, lm_bias = bias, bias, bool(cfg.get("mlp_bias", False)), False
         norms = 2
@@ -198,7 +203,7 @@ class Arch:
             known = not cfg.get("qk_layernorm")
         elif family == "gpt2":
             qkv_bias = o_bias = mlp_bias = True
-        experts = int(cfg.get("num_local_experts") or 1) if family == "mixtral" else 1
+        experts = _optional_count(cfg, "num_local_experts", 1) if family == "mixtral" else 1
         tied = cfg.get("tie_word_embeddings")
         meta = cfg.get(META_KEY) or {}
         max_pos = cfg.get("max_position_embeddings", cfg.get("n_positions"))
@@ -216,7 +221,7 @@ class Arch:
                 model_type in _TIED_BY_DEFAULT or family == "gpt2" if tied is None else tied
             ),
             num_experts=experts,
-            experts_per_token=int(cfg.get("num_experts_per_tok") or 1) if experts > 1 else 1,
+            experts_per_token=_optional_count(cfg, "num_experts_per_tok", 1) if experts > 1 else 1,
             mlp_kind="plain" if family in ("gpt_neox", "phi", "gpt2") else "gated",
             norm_kind="layer" if model_type in _LAYER_NORM_TYPES or family == "gpt2" else "rms",
             norms_per_layer=norms,
@@ -224,7 +229,7 @@ class Arch:
             o_proj_bias=o_bias,
             mlp_bias=mlp_bias,
             lm_head_bias=lm_bias,
-            num_position_embeddings=int(cfg.get("n_positions") or 1024) if family == "gpt2" else 0,
+            num_position_embeddings=_optional_count(cfg, "n_positions", 1024) if family == "gpt2" else 0,
             max_position_embeddings=int(max_pos) if max_pos else None,
             known_layout=known,
             hf_id=meta.get("hf_id"),
@@ -235,13 +240,30 @@ class Arch:
 def _need(cfg: dict[str, Any], *keys: str) -> int:
     for key in keys:
         if cfg.get(key) is not None:
-            return int(cfg[key])
+            return _count(cfg, key)
     alts = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
     raise SpecError(
         field="model.config",
         message=f"config has no {keys[0]!r}{alts}, which the memory plan needs.",
         hint="Use the model's own config.json from the Hugging Face hub, unedited.",
     )
+
+
+def _count(cfg: dict[str, Any], key: str, *, minimum: int = 1) -> int:
+    """A dimension of the config: a whole number >= ``minimum`` (and below 2^40), else a
+    SpecError naming the key - never a ValueError or a plan of a negative model."""
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) \
+            or not minimum <= value < 2**40:
+        shown = repr(value)[:40]
+        raise SpecError(field="model.config", message=f"config {key!r} is {shown}, not a whole "
+                        f"number of at least {minimum}.", hint="Use the model's own "
+                        "config.json from the Hugging Face hub, unedited.")
+    return int(value)
+
+
+def _optional_count(cfg: dict[str, Any], key: str, default: int) -> int:
+    return default if cfg.get(key) is None else _count(cfg, key)
 
 
 # --------------------------------------------------------------------------- linear layers

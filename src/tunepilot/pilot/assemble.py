@@ -97,15 +97,18 @@ def _data_block(s) -> DataBlock:
                     truncated_samples=M(d.truncated_samples, "samples"),
                     longest_sample_tokens=M(d.longest_sample_tokens, "tokens"),
                     path=d.path, tokenizer=d.tokenizer, notes=list(d.notes),
-                    packing=bool(getattr(s.pilot_spec.data, "packing", False)))
+                    packing=d.packing, format=d.format, train_on=d.train_on,
+                    chat_template=d.chat_template, packed_rows=d.packed_rows,
+                    skipped_rows=d.skipped_rows)
     if s.longest:
         lb = s.longest
         out.longest_batch = LongestBatch(
             micro_batch_size=lb["micro_batch_size"], sequence_length=lb["sequence_length"],
             useful_tokens=M(lb["useful_tokens"], "tokens"),
             padded_tokens=M(lb["padded_tokens"], "tokens"),
-            rule="the micro_batch_size longest samples, padded to the longest as training pads "
-                 "(synthetic: every sample is sequence_length long)")
+            rule=("the micro_batch_size fullest packed rows of the whole dataset" if d.packing
+                  else "the micro_batch_size longest samples of the whole dataset, padded to the "
+                  "longest as training pads (synthetic: every sample is sequence_length long)"))
     return out
 
 

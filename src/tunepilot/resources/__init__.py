@@ -1,5 +1,5 @@
 """Data files shipped with tunepilot: the catalog, the cost model and runtime constants, the
-model presets, the demo spec and the tiny text set. Code reads them through these paths only."""
+model presets, the demo spec, the tiny text and chat sets and their tokenizers. Code reads them through these paths only."""
 
 from pathlib import Path
 
@@ -10,3 +10,7 @@ RUNTIME_YAML = RESOURCES / "runtime.yaml"
 DEMO_SPEC_YAML = RESOURCES / "demo.yaml"
 PRESETS_DIR = RESOURCES / "presets"
 TINY_DIR = RESOURCES / "tiny"
+TINY_TEXT = TINY_DIR / "train.jsonl"
+TINY_TOKENIZER = TINY_DIR / "tokenizer"
+TINY_CHAT = TINY_DIR / "chat.jsonl"
+TINY_CHAT_TOKENIZER = TINY_DIR / "chat-tokenizer"

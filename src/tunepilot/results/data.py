@@ -35,10 +35,17 @@ class Batching(Model):
     """padded positions / all positions of the micro-batches"""
     useful_fraction: Figure
     """supervised tokens / all positions (what the quote divides cost by)"""
+    items: int
+    """what the loader draws from: samples (padded) or packed rows"""
     positions: int
-    """token positions of one epoch's micro-batches"""
+    """token positions of one epoch's micro-batches (on one device)"""
     steps_per_epoch: int
     """optimizer steps of one epoch (drop_last, on one device)"""
+
+    def steps_on(self, world_size: int, micro_batch_size: int, accumulation: int) -> int:
+        """Optimizer steps of one epoch over ``world_size`` ranks (each rank reads
+        items // world_size, in whole micro-batches, drop_last)."""
+        return (self.items // world_size // micro_batch_size) // accumulation
 
 
 class DataProfile(StageResult):
@@ -76,21 +83,24 @@ class DataProfile(StageResult):
     def useful_fraction_figure(self, spec) -> Figure:
         b = self.used
         return Figure.measured(b.useful_fraction.value, "fraction",
-                               f"data.json: supervised tokens / token positions of the "
-                               f"{'packed' if self.packing else 'padded'} micro-batches over the "
-                               f"whole dataset ({self.samples:,} samples)")
+                               f"dataset profile (tunepilot data): trained tokens / token "
+                               f"positions of the {'packed' if self.packing else 'padded'} "
+                               f"micro-batches over the whole dataset ({self.samples:,} samples)")
 
-    def padding_summary(self, spec, job: Figure, useful: Figure) -> dict:
-        """Of the training time, the share spent on padding, and what packing would save."""
-        train = job.value
-        padded, packed = self.padded, self.packed
+    def padding_summary(self, training_s: Figure) -> dict:
+        """Of the training time, what pays for padded positions, and what packing would save."""
+        pad = self.used.padding_fraction
         saving = None
-        if not self.packing and packed.positions and padded.positions:
-            saving = 1 - packed.positions / padded.positions
-        return {"padding_fraction": self.used.padding_fraction.to_dict(),
-                "trained_on": "packed" if self.packing else "padded",
-                "packing_would_cut_positions_by": None if saving is None else
-                Figure.projected(saving, "fraction",
-                                 "1 - packed / padded token positions per epoch (data.json); "
-                                 "the training time falls about as much").to_dict(),
-                "job_s": train}
+        if not self.packing and self.packed.positions and self.padded.positions:
+            saving = 1 - self.packed.positions / self.padded.positions
+        return {
+            "trained_on": "packed" if self.packing else "padded",
+            "padding_fraction": pad.to_dict(),
+            "padding_s": Figure.projected(
+                training_s.value * (pad.value or 0), "s",
+                f"training time x padding fraction {pad.value or 0:.3g} (the step time is "
+                "spent on every position alike)").to_dict(),
+            "packing_would_cut_positions_by": None if saving is None else Figure.projected(
+                saving, "fraction", "1 - packed / padded token positions per epoch (dataset "
+                "profile); the training time falls about as much").to_dict(),
+        }

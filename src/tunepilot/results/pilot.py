@@ -78,6 +78,12 @@ class DataBlock(Model):
     notes: list[str] = Field(default_factory=list)
     longest_batch: LongestBatch | None = None
     packing: bool = False
+    format: str = "text"
+    train_on: str = "all"
+    """completions: only completion / assistant tokens are useful (labels != -100)"""
+    chat_template: str | None = None
+    packed_rows: int | None = None
+    skipped_rows: int = 0
 
 
 class Timings(Model):

@@ -44,10 +44,13 @@ def progress(rank: int, phase: str, detail: str = "") -> None:
 def sample_fingerprints(batch: dict) -> list[str]:
     """One fingerprint per sample, of its unpadded ids and labels (tunepilot.dataset.
     batch_fingerprint of a one-row batch), so batches cut differently can be compared."""
+    import torch
+
     from tunepilot.dataset import batch_fingerprint
 
     out = []
-    mask = batch["attention_mask"].bool()
+    mask = batch["attention_mask"].bool() if "attention_mask" in batch else \
+        torch.ones_like(batch["input_ids"], dtype=torch.bool)  # packed rows: the row is the unit
     for b in range(batch["input_ids"].shape[0]):
         keep = mask[b]
         out.append(batch_fingerprint({"input_ids": batch["input_ids"][b, keep][None],

@@ -41,7 +41,7 @@ def render_quote(q: Quote) -> None:
         console.print(f"run directory {q.run_dir.path} (measured on {q.run_dir.device}"
                       f"{', catalog card ' + q.run_dir.card_id if q.run_dir.card_id else ''})")
     t = _table("Throughput", ["figure", "value", "basis", "how"], ("value",))
-    names = {"useful_fraction": "useful (non-padding) fraction", "per_card": "useful tokens/s, "
+    names = {"useful_fraction": "useful (trained) fraction of positions", "per_card": "useful tokens/s, "
              "one card", "efficiency": "scaling efficiency", "total": f"useful tokens/s, {q.count} "
              "card(s)"}
     for key, f in q.throughput.items():
@@ -72,6 +72,15 @@ def render_quote(q: Quote) -> None:
     if c.term_s != s.term_s:
         console.print(f"cheapest covering term: {duration(c.term_s)} ({c.discount_term} term, "
                       f"{c.discount_percent}% off): {usd(c.total_cents)}")
+    if q.padding:
+        pad = q.padding
+        line = (f"padding: {pad['padding_fraction']['value']:.1%} of the token positions "
+                f"({pad['trained_on']} micro-batches, dataset profile) = about "
+                f"{duration(pad['padding_s']['value'])} of the training time (projected)")
+        cut = pad.get("packing_would_cut_positions_by")
+        if cut:
+            line += f"; packing (data.packing: true) would cut the positions by {cut['value']:.0%}"
+        console.print(line)
     per_term = (fmt_usd_per_m(q.cost_per_million_term_usd)
                 if q.cost_per_million_term_usd is not None
                 else "- (the term delivers no useful tokens)")

@@ -1,13 +1,157 @@
-"""Import a trainer's config as a tunepilot run spec (filled in below)."""
+"""A trainer's config -> a tunepilot run spec (`tunepilot import`, and `plan`/`run`/`quote` given
+such a file directly).
+
+    axolotl       axolotl YAML                          (axolotl.py)
+    llamafactory  LLaMA-Factory YAML                    (llamafactory.py)
+    trl           `trl sft --config` YAML               (trl.py)
+    hf            TrainingArguments (+ LoraConfig, BitsAndBytesConfig) fields, JSON or YAML
+Every key of the config is either mapped to a spec field (listed) or ignored (listed); a key that
+is close to a known key but not one is a typo and refused. Nothing is downloaded: a hub model id
+must be a shipped preset's, a dataset must be local.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from tunepilot.errors import UserError
+from tunepilot.integrations.importers import axolotl, llamafactory, trl
+from tunepilot.integrations.importers.common import ImportResult, Mapper, relative_to
+
+FORMATS = ("axolotl", "llamafactory", "trl", "hf")
+_YAML_LIMIT_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    tokenizer: str | None = None
+    """a local tokenizer directory (the hub model's own is not downloaded)"""
+    synthetic_data: bool = False
+    """plan with synthetic tokens instead of the config's dataset"""
+    devices: int | None = None
+    """GPUs per node for a DDP/FSDP/DeepSpeed config (the launcher decides; default 8)"""
+
+
+def read_config(path: Path) -> dict:
+    """The config as a mapping (YAML or JSON), with every problem a UserError."""
+    from tunepilot.spec import read_yaml_mapping
+
+    return read_yaml_mapping(path, what="config")
+
+
+def detect(raw: dict) -> str | None:
+    """Which trainer wrote ``raw``: None for a tunepilot spec (or nothing recognisable)."""
+    if isinstance(raw.get("model"), dict):
+        return None  # a tunepilot spec: model: {preset|config}
+    if axolotl.looks_like(raw):
+        return "axolotl"
+    if llamafactory.looks_like(raw):
+        return "llamafactory"
+    if trl.looks_like_trl(raw):
+        return "trl"
+    if trl.looks_like_hf(raw) or "model_name_or_path" in raw:
+        return "hf"
+    return None
 
 
 def looks_imported(path: Path) -> bool:
-    return False
+    """Whether ``path`` is a trainer's config rather than a tunepilot spec (cheap: no spec
+    validation; an unreadable file is left for load_spec to explain)."""
+    try:
+        if not path.is_file() or path.stat().st_size > _YAML_LIMIT_BYTES:
+            return False
+        raw = read_config(path)
+    except UserError:
+        return False
+    return detect(raw) is not None
 
 
-def import_config(path: Path):
-    raise NotImplementedError
+def import_config(path: Path, source: str | None = None,
+                  options: ImportOptions | None = None) -> ImportResult:
+    """Read ``path`` as a ``source`` config (detected when None) into a validated spec."""
+    from tunepilot.spec import spec_from_dict
+
+    options = options or ImportOptions()
+    path = Path(path)
+    raw = read_config(path)
+    found = detect(raw)
+    source = source or found
+    if source is None:
+        what = "a tunepilot spec already" if isinstance(raw.get("model"), dict) else \
+            "not an axolotl, LLaMA-Factory, TRL or TrainingArguments config"
+        raise UserError("--from", f"{path.name} is {what}.",
+                        f"Pass --from one of {', '.join(FORMATS)} to read it as one."
+                        if found is None and not isinstance(raw.get("model"), dict) else None)
+    if source not in FORMATS:
+        raise UserError("--from", f"{source!r} is not one of {', '.join(FORMATS)}.")
+    module, known, convert = _converters()[source]
+    m = Mapper(source, raw, path, known)
+    m.options = options
+    convert(m)
+    _finish(m, options)
+    ignored = m.check_typos()
+    name = path.stem
+    spec_dict = {"name": f"{name}", **m.spec}
+    spec = spec_from_dict(spec_dict, source=f"{path.name} (imported from {source})")
+    return ImportResult(source, str(path), spec_dict, dict(m.mapped), ignored, m.notes, spec)
+
+
+def _converters() -> dict[str, tuple[Any, set[str], Any]]:
+    return {"axolotl": (axolotl, axolotl.KNOWN, axolotl.convert),
+            "llamafactory": (llamafactory, llamafactory.KNOWN, llamafactory.convert),
+            "trl": (trl, trl.TRL_KNOWN, trl.convert_trl),
+            "hf": (trl, trl.HF_KNOWN, trl.convert_hf)}
+
+
+def _finish(m: Mapper, options: ImportOptions) -> None:
+    """What every format shares once its keys are read: devices for a sharded run, and a
+    max_steps target in tokens."""
+    par = m.spec.get("parallel")
+    if par and par.get("strategy") in ("ddp", "fsdp"):
+        par["devices"] = options.devices or 8
+        if options.devices is None:
+            m.note("parallel.devices 8 assumed (one 8-GPU node; the launcher decides): pass "
+                   "--devices N for yours")
+    elif options.devices and options.devices > 1:
+        m.spec["parallel"] = {"strategy": "ddp", "devices": options.devices}
+        m.note(f"--devices {options.devices}: planned as DDP")
+    steps = m.spec.pop("_max_steps", None)
+    m.spec.pop("_epochs", None)
+    if steps:
+        s = m.spec
+        per_step = (s.get("micro_batch_size", 1) * s.get("sequence_length", 2048)
+                    * s.get("gradient_accumulation_steps", 1)
+                    * (s.get("parallel") or {}).get("devices", 1))
+        s.setdefault("target", {})["tokens"] = float(steps * per_step)
+        m.mapped["max_steps"] = "target.tokens"
+        m.note(f"max_steps {steps}: target.tokens = steps x {per_step:,} token positions per "
+               "optimizer step (padding included; the pilot measures the useful share)")
+
+
+def write_spec(result: ImportResult, out: Path) -> None:
+    """SPEC.yaml with a header saying where it came from and what was ignored; paths in it are
+    made relative to ``out``'s directory."""
+    import yaml
+
+    from tunepilot.store import atomic_write_bytes
+
+    spec = dict(result.spec_dict)
+    base, out_dir = Path(result.path).parent, out.parent
+    model = dict(spec.get("model", {}))
+    if "config" in model:
+        model["config"] = relative_to(model["config"], base, out_dir)
+    spec["model"] = model
+    if "data" in spec:
+        data = dict(spec["data"])
+        for key in ("path", "tokenizer"):
+            if data.get(key):
+                data[key] = relative_to(data[key], base, out_dir)
+        spec["data"] = data
+    head = [f"# imported by `tunepilot import` from {result.path} ({result.source} config)"]
+    head += [f"# note: {n}" for n in result.notes]
+    if result.ignored:
+        head.append("# ignored (not modelled): " + ", ".join(result.ignored))
+    body = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
+    atomic_write_bytes(out, ("\n".join(head) + "\n" + body).encode())

@@ -1,0 +1,104 @@
+"""The whole dataset's length profile (`tunepilot data SPEC` -> data.json): how many samples and
+tokens, how many of them are trained, the length distribution, what truncation cuts, and what
+padding wastes at the spec's micro-batch - padded and packed - over one epoch in the order the
+loader draws it (the sampler's own permutation for epoch 0).
+
+Counts are **measured** (counted on the data), not estimated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from tunepilot.results.data import Batching, Bin, DataProfile, Lengths
+from tunepilot.results.figure import Figure
+from tunepilot.spec import RunSpec
+
+HISTOGRAM_BINS = 20
+
+
+def profile_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> DataProfile:
+    """Tokenize (or read from the cache) the spec's dataset and profile it."""
+    from tunepilot.dataset.samples import EncodedSamples, build_dataset, pack
+
+    t0 = time.perf_counter()
+    unpacked = spec.with_changes(data=spec.data.model_copy(update={"packing": False}))
+    samples, info = build_dataset(unpacked, vocab_size, base_dir, progress)
+    S, mb, ga = spec.sequence_length, spec.micro_batch_size, spec.gradient_accumulation_steps
+    if isinstance(samples, EncodedSamples):
+        enc = samples.encoded
+        full, sup, cached = enc.lengths(), enc.supervised(S), enc.cached
+    else:  # synthetic: every sample is sequence_length long and fully trained
+        n = len(samples)
+        full, sup, cached = np.full(n, S), np.full(n, S - 1), False
+    trunc = np.minimum(full, S)
+    rows = pack(trunc, S)
+    row_len = np.asarray([trunc[r].sum() for r in rows], np.int64)
+    row_sup = np.asarray([sup[r].sum() for r in rows], np.int64)
+    what = "counted over the whole dataset"
+    out = DataProfile(
+        spec_hash=spec.spec_hash(), source=info.source, path=info.path,
+        format=spec.data.data_format, tokenizer=info.tokenizer, chat_template=info.chat_template,
+        train_on=spec.data.supervise, sequence_length=S, micro_batch_size=mb,
+        gradient_accumulation_steps=ga, samples=len(full), skipped_rows=info.skipped_rows,
+        tokens_total=Figure.measured(int(full.sum()), "tokens",
+                                     f"{what}, after the chat template, before truncation"),
+        tokens_supervised=Figure.measured(int(sup.sum()), "tokens",
+                                          f"{what}: trained tokens (labels != -100) within "
+                                          f"sequence_length {S}, as the loss counts them"),
+        length=_lengths(full), truncated_samples=int((full > S).sum()),
+        padded=_batching(trunc, sup, spec, "samples, each micro-batch padded to its longest"),
+        packed=_batching(row_len, row_sup, spec, f"rows of <= {S} tokens packed best-fit "
+                         "decreasing, each micro-batch padded to its longest row"),
+        packing=spec.data.packing, content_sha256=info.content_sha256, cached=cached,
+        seconds=Figure.measured(time.perf_counter() - t0, "s",
+                                "reading from the cache" if cached else "tokenizing"),
+        notes=list(info.notes))
+    lost = int(full.sum() - trunc.sum())
+    if lost:
+        out.notes.append(f"truncation at sequence_length {S} drops {lost:,} tokens of "
+                         f"{out.truncated_samples:,} samples")
+    return out
+
+
+def _lengths(full: np.ndarray) -> Lengths:
+    top = int(full.max())
+    width = _nice(max(1, math.ceil(top / HISTOGRAM_BINS)))
+    counts = np.bincount(full // width, minlength=top // width + 1)
+    hist = [Bin(lo=int(i * width), hi=int((i + 1) * width), count=int(c))
+            for i, c in enumerate(counts)]
+    p50, p90, p99 = (int(np.percentile(full, q, method="higher")) for q in (50, 90, 99))
+    return Lengths(p50=p50, p90=p90, p99=p99, max=top, mean=float(full.mean()), histogram=hist)
+
+
+def _nice(x: int) -> int:
+    """The smallest 1, 2 or 5 x 10^k not below x (bin widths a person can read)."""
+    k = 10 ** int(math.floor(math.log10(x)))
+    return next(m * k for m in (1, 2, 5, 10) if m * k >= x)
+
+
+def _batching(lengths: np.ndarray, supervised: np.ndarray, spec: RunSpec, how: str) -> Batching:
+    """One epoch of micro-batches in the loader's order (the sampler's permutation of epoch 0,
+    drop_last): positions, padding and supervised tokens."""
+    import torch
+
+    n, mb = len(lengths), spec.micro_batch_size
+    order = (torch.randperm(n, generator=torch.Generator().manual_seed(spec.seed)).numpy()
+             if spec.data.shuffle else np.arange(n))
+    nb = n // mb
+    idx = order[: nb * mb].reshape(nb, mb)
+    positions = int((lengths[idx].max(axis=1) * mb).sum()) if nb else 0
+    real, useful = int(lengths[idx].sum()), int(supervised[idx].sum())
+    return Batching(
+        padding_fraction=Figure.measured(1 - real / positions if positions else None, "fraction",
+                                         f"padded positions / all positions; {how}"),
+        useful_fraction=Figure.measured(useful / positions if positions else None, "fraction",
+                                        f"trained tokens / all positions; {how}"),
+        items=n, positions=positions,
+        steps_per_epoch=nb // spec.gradient_accumulation_steps)

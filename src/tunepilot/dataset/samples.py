@@ -1,0 +1,188 @@
+"""The datasets the loader draws from, and what was found in the data.
+
+    SyntheticTokens  random ids of exactly sequence_length, reproducible per index
+    EncodedSamples   the tokenized dataset (encode.py), each sample truncated to sequence_length
+    PackedRows       several samples per row of at most sequence_length tokens (best-fit
+                     decreasing, as TRL's BFD packing), position ids restarting per sample
+An item is (input_ids, labels) - or (input_ids, labels, position_ids) for a packed row - as
+int64 numpy arrays; labels are -100 where nothing is trained.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tunepilot.errors import UserError
+from tunepilot.spec import RunSpec
+
+IGNORE_INDEX = -100
+SYNTHETIC_SAMPLES = 1 << 16  # a synthetic epoch; samples are generated on demand from their index
+
+
+class SyntheticTokens(torch.utils.data.Dataset):
+    """Random token ids of exactly `seq_len`, reproducible per index (no padding: all useful)."""
+
+    def __init__(self, vocab_size: int, seq_len: int, seed: int,
+                 num_samples: int = SYNTHETIC_SAMPLES):
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        self.num_samples = num_samples
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(i))
+        ids = torch.randint(0, self.vocab_size, (self.seq_len,), generator=g).numpy()
+        return ids, ids.copy()
+
+    def lengths(self) -> np.ndarray:
+        return np.full(min(self.num_samples, 1), self.seq_len)  # all equal: any is longest
+
+
+class EncodedSamples(torch.utils.data.Dataset):
+    """The tokenized samples, truncated to the sequence length (as training truncates)."""
+
+    def __init__(self, encoded, sequence_length: int):
+        self.encoded = encoded
+        self.sequence_length = sequence_length
+        self._lengths = np.minimum(encoded.lengths(), sequence_length)
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def __getitem__(self, i: int):
+        a = int(self.encoded.offsets[i])
+        n = int(self._lengths[i])
+        ids = self.encoded.ids[a:a + n].astype(np.int64)
+        return ids, np.where(self.encoded.trained[a:a + n], ids, IGNORE_INDEX)
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths
+
+
+class PackedRows(torch.utils.data.Dataset):
+    """Rows of packed samples: a sample's first label is -100 (it would be predicted from the
+    sample before it) and its position ids start at 0, so attention stays within the sample."""
+
+    def __init__(self, samples: EncodedSamples, rows: list[list[int]]):
+        self.samples, self.rows = samples, rows
+        lengths = samples.lengths()
+        self._lengths = np.asarray([int(lengths[r].sum()) for r in rows], np.int64)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, r: int):
+        parts = [self.samples[i] for i in self.rows[r]]
+        ids = np.concatenate([p[0] for p in parts])
+        labels = np.concatenate([p[1] for p in parts])
+        starts = np.cumsum([0] + [len(p[0]) for p in parts[:-1]])
+        labels[starts] = IGNORE_INDEX
+        positions = np.concatenate([np.arange(len(p[0])) for p in parts])
+        return ids, labels, positions
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths
+
+
+def pack(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: each sample, longest first, into the fullest row it still fits."""
+    order = np.argsort(-np.asarray(lengths), kind="stable")
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, row), sorted
+    for i in order.tolist():
+        n = int(lengths[i])
+        k = bisect.bisect_left(free, (n, -1))
+        if k < len(free):
+            room, r = free.pop(k)
+            rows[r].append(i)
+        else:
+            room, r = capacity, len(rows)
+            rows.append([i])
+        if room - n > 0:
+            bisect.insort(free, (room - n, r))
+    return rows
+
+
+@dataclass
+class DataInfo:
+    """What the data stage found, recorded in the pilot result and manifest."""
+
+    source: str
+    num_samples: int
+    vocab_size: int
+    pad_token_id: int
+    path: str | None = None
+    size_bytes: int | None = None
+    content_sha256: str | None = None
+    tokenizer: str | None = None
+    truncated_samples: int = 0
+    longest_sample_tokens: int = 0
+    format: str = "text"
+    train_on: str = "all"
+    chat_template: str | None = None
+    packing: bool = False
+    packed_rows: int | None = None
+    skipped_rows: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def provenance(self) -> dict:
+        """What the manifest records of the data (a result can be traced to its bytes)."""
+        return {"source": self.source, "path": self.path, "size_bytes": self.size_bytes,
+                "content_sha256": self.content_sha256, "tokenizer": self.tokenizer,
+                "num_samples": self.num_samples, "format": self.format,
+                "train_on": self.train_on, "chat_template": self.chat_template,
+                "packing": self.packing, "skipped_rows": self.skipped_rows}
+
+
+def build_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None,
+                  progress: Callable[[int, int], None] | None = None
+                  ) -> tuple[torch.utils.data.Dataset, DataInfo]:
+    """The spec's dataset (packed rows when data.packing) and what was found in it."""
+    d = spec.data
+    if d.source == "synthetic":
+        ds = SyntheticTokens(vocab_size, spec.sequence_length, spec.seed)
+        info = DataInfo("synthetic", len(ds), vocab_size, 0,
+                        longest_sample_tokens=spec.sequence_length)
+        if d.packing:
+            info.notes.append("synthetic samples fill the sequence length: packing changes "
+                              "nothing")
+        return ds, info
+    from tunepilot.dataset.encode import encode, load_tokenizer
+    from tunepilot.dataset.sources import locate
+
+    files = locate(d, base_dir)
+    tok = load_tokenizer(files.tokenizer)
+    if len(tok) > vocab_size:
+        raise UserError("data.tokenizer", f"the tokenizer has {len(tok)} tokens but the model's "
+                        f"vocabulary has {vocab_size}.", "Use the model's own tokenizer.")
+    enc = encode(files, d, tok, base_dir=base_dir, progress=progress)
+    samples = EncodedSamples(enc, spec.sequence_length)
+    S = spec.sequence_length
+    full = enc.lengths()
+    truncated = int((full > S).sum())
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    info = DataInfo(d.source, len(samples), vocab_size, int(pad), path=str(files.path),
+                    size_bytes=files.size_bytes, content_sha256=files.content_sha256,
+                    tokenizer=str(files.tokenizer), truncated_samples=truncated,
+                    longest_sample_tokens=int(samples.lengths().max()), format=d.data_format,
+                    train_on=d.supervise, chat_template=enc.template, packing=d.packing,
+                    skipped_rows=enc.skipped)
+    if enc.template_note:
+        info.notes.append(enc.template_note)
+    if truncated:
+        info.notes.append(f"{truncated} of {len(samples)} samples were longer than "
+                          f"sequence_length {S} and were truncated to it (training does the same)")
+    if enc.skipped:
+        info.notes.append(f"{enc.skipped} rows were skipped (data.skip_bad_rows)")
+    if not d.packing:
+        return samples, info
+    rows = pack(samples.lengths(), S)
+    info.packed_rows = len(rows)
+    return PackedRows(samples, rows), info

@@ -1,0 +1,212 @@
+"""axolotl YAML (examples/*/lora-8b.yml and friends) -> a tunepilot spec.
+
+axolotl loads the model in bf16 when ``bf16``/``bfloat16`` is set, so a full fine-tune trains
+bf16 weights with bf16 optimizer state (``bf16-true``); LoRA keeps fp32 adapters under autocast
+(``bf16-mixed``, a bf16 base). ``train_on_inputs: false`` (the default) trains the completions.
+"""
+
+from __future__ import annotations
+
+from tunepilot.integrations.importers.common import (
+    Mapper,
+    deepspeed_strategy,
+    local_data,
+    lora_targets,
+    model_source,
+    number,
+    optimizer,
+    scheduler,
+    truthy,
+)
+
+SOURCE = "axolotl"
+MAPPED = {"base_model", "base_model_config", "adapter", "load_in_4bit", "load_in_8bit", "lora_r",
+          "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear",
+          "sequence_len", "sample_packing", "micro_batch_size", "gradient_accumulation_steps",
+          "num_epochs", "max_steps", "optimizer", "lr_scheduler", "learning_rate",
+          "weight_decay", "warmup_steps", "bf16", "fp16", "bfloat16", "float16", "tf32",
+          "gradient_checkpointing", "datasets", "train_on_inputs", "chat_template", "fsdp",
+          "fsdp_config", "deepspeed", "seed", "tokenizer_config", "torch_compile", "val_set_size",
+          "eval_steps", "evals_per_epoch", "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant"}
+KNOWN = MAPPED | {
+    "model_type", "tokenizer_type", "trust_remote_code", "strict", "dataset_prepared_path",
+    "output_dir", "pad_to_sequence_len", "lora_model_dir", "lora_fan_in_fan_out", "wandb_project",
+    "wandb_entity", "wandb_watch", "wandb_name", "wandb_log_model", "group_by_length",
+    "early_stopping_patience", "resume_from_checkpoint", "local_rank", "logging_steps",
+    "xformers_attention", "flash_attention", "sdp_attention", "s2_attention", "warmup_ratio",
+    "eval_table_size", "eval_max_new_tokens", "debug", "special_tokens", "tokens", "hub_model_id",
+    "push_dataset_to_hub", "max_grad_norm", "lr_scheduler_kwargs", "cosine_min_lr_ratio",
+    "plugins", "liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_fused_linear_cross_entropy",
+    "save_total_limit", "eval_sample_packing", "save_safetensors", "shuffle_merged_datasets",
+    "peft_use_dora", "peft_use_rslora", "lora_modules_to_save", "unfrozen_parameters",
+    "gradient_checkpointing_kwargs", "ddp_timeout", "seed", "chat_template_jinja",
+    "sample_packing_eff_est", "total_num_tokens", "mlflow_experiment_name", "use_wandb",
+    "is_llama_derived_model", "is_mistral_derived_model", "is_qwen_derived_model", "hf_use_auth_token",
+    "ddp_find_unused_parameters", "auto_resume_from_checkpoints", "test_datasets", "eval_strategy",
+    "save_strategy", "save_only_model", "dataloader_num_workers", "dataloader_pin_memory",
+    "dataloader_prefetch_factor", "remove_unused_columns", "train_on_eos", "roles_to_train",
+    "default_system_message", "eot_tokens", "processor_type", "load_in_8bit_optim",
+}
+_TEMPLATES = {"chatml": "chatml", "llama3": "llama-3", "tokenizer_default": "tokenizer"}
+
+
+def looks_like(raw: dict) -> bool:
+    return "base_model" in raw or ("sequence_len" in raw and "micro_batch_size" in raw)
+
+
+def convert(m: Mapper) -> None:
+    m.set("model", model_source(m, "base_model", m.get("base_model")), "base_model")
+    if m.has("base_model_config"):
+        m.note("base_model_config is read as the model (its config) when it is local")
+    _method(m)
+    for key, dotted in (("sequence_len", "sequence_length"), ("micro_batch_size",
+                        "micro_batch_size"), ("gradient_accumulation_steps",
+                                              "gradient_accumulation_steps"), ("seed", "seed")):
+        value = number(m, key)
+        if value is not None:
+            m.set(dotted, value, key)
+    optimizer(m, "optimizer", m.get("optimizer"))
+    scheduler(m, "lr_scheduler", m.get("lr_scheduler"))
+    for key, dotted, kind in (("learning_rate", "optimizer.lr", float),
+                              ("weight_decay", "optimizer.weight_decay", float),
+                              ("warmup_steps", "scheduler.warmup_steps", int)):
+        value = number(m, key, kind)
+        if value is not None:
+            m.set(dotted, value, key)
+    _precision(m)
+    gc = m.get("gradient_checkpointing")
+    if gc:
+        m.set("activation_checkpointing", "full", "gradient_checkpointing")
+        if isinstance(gc, str) and gc not in ("true", "True"):
+            m.note(f"gradient_checkpointing {gc!r} is planned as full checkpointing")
+    if truthy(m.get("torch_compile")):
+        m.set("torch_compile", True, "torch_compile")
+    _parallel(m)
+    _data(m)
+    _target(m)
+
+
+def _method(m: Mapper) -> None:
+    adapter = m.get("adapter")
+    four, eight = truthy(m.get("load_in_4bit")), truthy(m.get("load_in_8bit"))
+    if adapter in (None, "", "full"):
+        m.set("method.kind", "full", "adapter")
+        return
+    if adapter not in ("lora", "qlora"):
+        m.fail("adapter", f"{adapter!r} is not lora or qlora.",
+               "tunepilot models full fine-tuning, LoRA and QLoRA.")
+    kind = "qlora" if adapter == "qlora" or four else "lora"
+    m.set("method.kind", kind, "adapter", *(("load_in_4bit",) if four else ()))
+    if eight:
+        m.note("load_in_8bit: an 8-bit base is not modelled; planned with a 16-bit base "
+               "(an upper bound)")
+        m.used.add("load_in_8bit")
+    for key, dotted, kind_ in (("lora_r", "method.lora_rank", int),
+                               ("lora_alpha", "method.lora_alpha", float),
+                               ("lora_dropout", "method.lora_dropout", float)):
+        value = number(m, key, kind_)
+        if value is not None:
+            m.set(dotted, value, key)
+    if truthy(m.get("lora_target_linear")):
+        m.set("method.lora_targets", "all-linear", "lora_target_linear")
+    else:
+        targets = lora_targets(m.get("lora_target_modules"))
+        if targets:
+            m.set("method.lora_targets", targets, "lora_target_modules")
+    if kind == "qlora" and truthy(m.get("bnb_4bit_use_double_quant")):
+        m.set("method.double_quant", True, "bnb_4bit_use_double_quant")
+
+
+def _precision(m: Mapper) -> None:
+    bf16 = truthy(m.get("bf16")) or truthy(m.get("bfloat16"))
+    fp16 = truthy(m.get("fp16")) or truthy(m.get("float16"))
+    m.used.add("tf32")
+    full = m.spec.get("method", {}).get("kind") == "full"
+    if bf16:
+        m.set("precision", "bf16-true" if full else "bf16-mixed", "bf16")
+        if full:
+            m.note("bf16 full fine-tune: axolotl loads the weights in bf16, so the optimizer "
+                   "state is bf16 too (precision bf16-true)")
+    elif fp16:
+        m.set("precision", "fp16-mixed", "fp16")
+    else:
+        m.set("precision", "fp32", "bf16")
+
+
+def _parallel(m: Mapper) -> None:
+    fsdp, conf = m.get("fsdp"), m.get("fsdp_config") or {}
+    if fsdp or (isinstance(conf, dict) and conf.get("fsdp_version")):
+        m.set("parallel.strategy", "fsdp", "fsdp", "fsdp_config")
+        if isinstance(conf, dict) and truthy(conf.get("fsdp_offload_params",
+                                                      conf.get("offload_params"))):
+            m.set("parallel.cpu_offload", True, "fsdp_config")
+    if m.has("deepspeed"):
+        deepspeed_strategy(m, "deepspeed", m.get("deepspeed"))
+
+
+def _data(m: Mapper) -> None:
+    datasets = m.get("datasets")
+    opts = m.options
+    if not datasets or opts.synthetic_data:
+        if datasets:
+            m.note("--data synthetic: the config's datasets are not read")
+        return
+    if not isinstance(datasets, list) or not isinstance(datasets[0], dict):
+        m.fail("datasets", "is not a list of datasets with a path.")
+    d = datasets[0]
+    if len(datasets) > 1:
+        m.note(f"{len(datasets)} datasets: only the first ({d.get('path')}) is profiled")
+    path = d.get("data_files") or d.get("path")
+    if isinstance(path, list):
+        path = path[0]
+    kind = str(d.get("type") or "")
+    fmt, fields = _format(m, kind, d)
+    tok = opts.tokenizer or m.get("tokenizer_config")
+    data = local_data(m, str(path), fmt=fmt, fields=fields, tokenizer=tok, key="datasets")
+    if data is None:
+        m.fail("datasets", f"{path!r} is not a local file or directory (a hub dataset): "
+               "tunepilot never downloads.", "Save a local copy (JSONL, Parquet, or "
+               "save_to_disk) and point path at it, or pass --data synthetic.")
+    train_inputs = truthy(m.get("train_on_inputs"))
+    if data["format"] != "text":
+        data["train_on"] = "all" if train_inputs else "completions"
+    template = m.get("chat_template")
+    if template and data["format"] != "text":
+        if template in _TEMPLATES:
+            data["chat_template"] = _TEMPLATES[template]
+        else:
+            m.note(f"chat_template {template!r}: rendered with the tokenizer's own template")
+    if truthy(m.get("sample_packing")):
+        data["packing"] = True
+    m.set("data", data, "datasets", "train_on_inputs", "chat_template", "sample_packing")
+
+
+def _format(m: Mapper, kind: str, d: dict) -> tuple[str | None, dict]:
+    if kind in ("chat_template", "sharegpt") or kind.startswith("chat_template."):
+        field = d.get("field_messages") or ("conversations" if kind == "sharegpt" else
+                                            "messages")
+        return "messages", {"messages_field": field}
+    if kind == "alpaca":
+        m.note("alpaca rows: instruction -> prompt, output -> completion (the input field is "
+               "not rendered)")
+        return "prompt-completion", {"prompt_field": "instruction", "completion_field": "output"}
+    if kind in ("completion", "pretrain"):
+        return "text", {"text_field": d.get("field") or "text"}
+    if kind:
+        m.note(f"dataset type {kind!r}: the format is read from the first row")
+    return None, {}
+
+
+def _target(m: Mapper) -> None:
+    steps, epochs = number(m, "max_steps"), number(m, "num_epochs", float)
+    synthetic = m.spec.get("data") is None
+    if steps:
+        m.note(f"max_steps {steps}: the target is steps x tokens per optimizer step (padded "
+               "positions on one device; set target.tokens for useful tokens)")
+        m.spec["_max_steps"] = steps
+        m.used.add("max_steps")
+    elif epochs and not synthetic:
+        m.set("target.epochs", epochs, "num_epochs")
+    elif epochs:
+        m.note(f"num_epochs {epochs:g} not mapped: synthetic data has no epochs; set "
+               "target.tokens")

@@ -1,0 +1,281 @@
+"""What every importer shares: a Mapper that records which key of the user's config became which
+spec field (and which were ignored), the hub id -> preset lookup, the optimizer and precision
+tables, and the mapping of a local dataset.
+
+No torch, no transformers: importing a config is pure data.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunepilot.errors import UserError
+
+# Hugging Face TrainingArguments.optim names -> (tunepilot optimizer, impl)
+OPTIMIZERS = {
+    "adamw_torch": ("adamw", None), "adamw_hf": ("adamw", None), "adamw": ("adamw", None),
+    "adamw_torch_fused": ("adamw", "fused"), "adamw_apex_fused": ("adamw", "fused"),
+    "adamw_torch_xla": ("adamw", None), "adamw_torch_npu_fused": ("adamw", "fused"),
+    "adamw_bnb_8bit": ("adamw_8bit", None), "adamw_8bit": ("adamw_8bit", None),
+    "bnb_8bit": ("adamw_8bit", None),
+    "paged_adamw_32bit": ("paged_adamw", None), "paged_adamw": ("paged_adamw", None),
+    "paged_adamw_8bit": ("paged_adamw_8bit", None), "adafactor": ("adafactor", None),
+    "sgd": ("sgd", None),
+}
+SCHEDULERS = {"cosine": "cosine", "cosine_with_restarts": "cosine", "cosine_with_min_lr":
+              "cosine", "linear": "linear", "constant": "constant",
+              "constant_with_warmup": "constant", "warmup_stable_decay": "linear"}
+_SUFFIXES = re.compile(r"(-(instruct|chat|hf|it|base|sft|dpo))+$|(-v\d+(\.\d+)*)$")
+
+
+@dataclass
+class ImportResult:
+    """A trainer's config read as a tunepilot spec: what became what, and what was ignored."""
+
+    source: str
+    path: str
+    spec_dict: dict
+    mapped: dict[str, str] = field(default_factory=dict)  # their key -> spec field
+    ignored: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    spec: Any = None  # the validated RunSpec
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "path": self.path, "spec": self.spec_dict,
+                "mapped": self.mapped, "ignored": self.ignored, "notes": self.notes}
+
+
+class Mapper:
+    """Reads keys of ``raw`` (each read marks the key used) and sets spec fields."""
+
+    def __init__(self, source: str, raw: dict, path: Path, known: set[str]):
+        self.source, self.raw, self.path, self.known = source, raw, path, known
+        self.used: set[str] = set()
+        self.spec: dict = {}
+        self.mapped: dict[str, str] = {}
+        self.notes: list[str] = []
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        value = self.raw.get(key)
+        return default if value is None else value
+
+    def has(self, key: str) -> bool:
+        return self.raw.get(key) is not None
+
+    def set(self, dotted: str, value: Any, *keys: str) -> None:
+        node = self.spec
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+        for k in keys:
+            self.used.add(k)
+            self.mapped[k] = dotted
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def fail(self, key: str | None, message: str, hint: str | None = None) -> None:
+        where = f"{self.path.name}" + (f": {key}" if key else "")
+        raise UserError(where, message, hint)
+
+    def check_typos(self) -> list[str]:
+        """The keys not used: an unknown key close to a known one is a typo (exit 2); the rest
+        are returned as ignored."""
+        ignored = []
+        for key in self.raw:
+            if key in self.used:
+                continue
+            if key not in self.known:
+                close = difflib.get_close_matches(key, sorted(self.known), n=1, cutoff=0.8)
+                if close:
+                    self.fail(key, f"is not a {self.source} key.",
+                              f"Did you mean {close[0]!r}? Fix the config, then import again.")
+            ignored.append(key)
+        return ignored
+
+
+def truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() in ("true", "auto", "yes"))
+
+
+def model_source(m: Mapper, key: str, value: Any) -> dict:
+    """A hub id of a shipped preset -> {preset}; a local directory or config.json -> {config}."""
+    if not isinstance(value, str) or not value.strip():
+        m.fail(key, "is missing: the config names no model.",
+               "Set it to a hub id (e.g. meta-llama/Meta-Llama-3-8B) or a local model directory.")
+    local = Path(value)
+    if not local.is_absolute():
+        local = m.path.parent / local
+    if local.exists() and (local.is_file() or (local / "config.json").exists()):
+        return {"config": str(value)}
+    preset = hub_preset(value)
+    if preset is None:
+        from tunepilot.model.arch import list_presets
+
+        m.fail(key, f"{value!r} is neither a shipped preset's hub id nor a local model.",
+               f"Presets: {', '.join(p for p in list_presets() if p != 'tiny')}. For another "
+               "model, download its config.json and point the config (or model.config in the "
+               "spec) at that local directory.")
+    return {"preset": preset}
+
+
+def hub_preset(hub_id: str) -> str | None:
+    """The preset whose hub id (or name) matches ``hub_id``, ignoring the organisation and
+    suffixes such as -Instruct, -chat, -hf, -it, -v0.2."""
+    from tunepilot.model.arch import list_presets, load_preset
+
+    want = _norm(hub_id)
+    for name in list_presets():
+        hf = (load_preset(name).get("_tunepilot") or {}).get("hf_id")
+        if hf and hf.lower() == hub_id.lower():
+            return name
+    for name in list_presets():
+        hf = (load_preset(name).get("_tunepilot") or {}).get("hf_id")
+        if want in {_norm(name), _norm(hf or "")}:
+            return name
+    return None
+
+
+def _norm(hub_id: str) -> str:
+    name = hub_id.rsplit("/", 1)[-1].lower()
+    for _ in range(3):
+        name = _SUFFIXES.sub("", name)
+    return name.removeprefix("meta-")
+
+
+def optimizer(m: Mapper, key: str, name: Any) -> None:
+    if name is None:
+        return
+    got = OPTIMIZERS.get(str(name).lower())
+    if got is None:
+        m.fail(key, f"optimizer {name!r} is not one tunepilot models.",
+               f"Use one of {', '.join(sorted(OPTIMIZERS))} (or edit the spec's optimizer).")
+    m.set("optimizer.name", got[0], key)
+    if got[1]:
+        m.set("optimizer.impl", got[1], key)
+
+
+def scheduler(m: Mapper, key: str, name: Any) -> None:
+    if name is None:
+        return
+    kind = SCHEDULERS.get(str(name).lower())
+    if kind is None:
+        m.note(f"{key}: {name!r} is not modelled; the spec uses cosine (the schedule does not "
+               "change memory or speed)")
+        return
+    m.set("scheduler.kind", kind, key)
+
+
+def number(m: Mapper, key: str, kind: type = int) -> Any:
+    value = m.get(key)
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        out = kind(value)
+    except (TypeError, ValueError):
+        m.fail(key, f"is {value!r}, not a {'whole number' if kind is int else 'number'}.")
+    return out
+
+
+def lora_targets(value: Any) -> list[str] | str | None:
+    if value in (None, ""):
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() in ("all", "all-linear", "all_linear"):
+            return "all-linear"
+        return [t.strip() for t in value.split(",") if t.strip()]
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return list(value)
+    return None
+
+
+def deepspeed_strategy(m: Mapper, key: str, value: Any) -> None:
+    """A DeepSpeed config: ZeRO-3 shards like FSDP full shard; ZeRO-1/2 shard the optimizer
+    state only (planned as DDP, an upper bound)."""
+    conf = value
+    if isinstance(value, str):
+        p = Path(value) if Path(value).is_absolute() else m.path.parent / value
+        stage = re.search(r"zero[_-]?(\d)", value.lower())
+        conf = None
+        if p.is_file():
+            try:
+                conf = json.loads(p.read_text())
+            except (OSError, ValueError):
+                conf = None
+        if conf is None:
+            conf = {"zero_optimization": {"stage": int(stage.group(1)) if stage else 0}}
+    zero = (conf or {}).get("zero_optimization", {}) if isinstance(conf, dict) else {}
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    offload = isinstance(zero, dict) and isinstance(zero.get("offload_param"), dict) and \
+        zero["offload_param"].get("device") == "cpu"
+    if stage == 3:
+        m.set("parallel.strategy", "fsdp", key)
+        m.note("DeepSpeed ZeRO-3 is planned as FSDP full sharding (the same per-rank shards)")
+        if offload:
+            m.set("parallel.cpu_offload", True, key)
+    else:
+        m.set("parallel.strategy", "ddp", key)
+        m.note(f"DeepSpeed ZeRO-{stage} shards the optimizer state only; planned as DDP (an "
+               "upper bound on the per-rank memory)")
+
+
+def local_data(m: Mapper, path_value: str, *, fmt: str | None, fields: dict, tokenizer: str
+               | None, key: str) -> dict | None:
+    """A local dataset -> the spec's data section (format peeked from the first row when the
+    trainer infers it); None when ``path_value`` is not a local path (a hub dataset)."""
+    p = Path(path_value)
+    if not p.is_absolute():
+        p = m.path.parent / p
+    if not p.exists():
+        return None
+    if p.is_dir():
+        source = "hf-disk"
+    else:
+        source = {".parquet": "parquet", ".arrow": "arrow"}.get(p.suffix.lower(), "jsonl")
+    data = {"source": source, "path": path_value}
+    data.update({k: v for k, v in fields.items() if v})
+    data["format"] = fmt or _peek_format(p, source, fields) or "text"
+    if tokenizer is None:
+        m.fail(key, "names a local dataset, but the tokenizer is the hub model's, which "
+               "tunepilot does not download.", "Pass --tokenizer DIR (a local tokenizer "
+               "directory), or --data synthetic to plan without the data.")
+    data["tokenizer"] = tokenizer
+    return data
+
+
+def _peek_format(p: Path, source: str, fields: dict) -> str | None:
+    if source != "jsonl":
+        return None
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(1 << 16).lstrip()
+        first = json.loads(head.splitlines()[0]) if not head.startswith(b"[") else \
+            json.loads(p.read_bytes())[0]
+    except (OSError, ValueError, IndexError, KeyError):
+        return None
+    if not isinstance(first, dict):
+        return None
+    if fields.get("messages_field", "messages") in first or "conversations" in first:
+        return "messages"
+    if fields.get("prompt_field", "prompt") in first:
+        return "prompt-completion"
+    return "text"
+
+
+def relative_to(path: str, base: Path, out_dir: Path) -> str:
+    """A path of the config (relative to its directory) as seen from ``out_dir``."""
+    import os
+
+    p = Path(path)
+    if p.is_absolute():
+        return path
+    return os.path.relpath((base / p).resolve(), out_dir.resolve())

@@ -1,0 +1,169 @@
+"""LLaMA-Factory YAML (examples/train_lora/llama3_lora_sft.yaml and friends) -> a tunepilot spec.
+
+LLaMA-Factory loads the model in bf16 under ``bf16: true`` and casts the trainable parameters to
+fp32 unless ``pure_bf16`` (so full and LoRA runs are ``bf16-mixed``; ``pure_bf16`` is
+``bf16-true``); it checkpoints activations unless ``disable_gradient_checkpointing``; it trains
+the responses unless ``train_on_prompt``. Datasets are names in ``dataset_dir/dataset_info.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tunepilot.integrations.importers.common import (
+    Mapper,
+    deepspeed_strategy,
+    local_data,
+    lora_targets,
+    model_source,
+    number,
+    optimizer,
+    scheduler,
+    truthy,
+)
+
+SOURCE = "llamafactory"
+MAPPED = {"model_name_or_path", "finetuning_type", "quantization_bit", "lora_rank", "lora_alpha",
+          "lora_dropout", "lora_target", "cutoff_len", "per_device_train_batch_size",
+          "gradient_accumulation_steps", "num_train_epochs", "max_steps", "learning_rate",
+          "lr_scheduler_type", "warmup_steps", "weight_decay", "bf16", "fp16", "pure_bf16",
+          "disable_gradient_checkpointing", "optim", "deepspeed", "dataset", "dataset_dir",
+          "template", "train_on_prompt", "packing", "neat_packing", "max_samples", "seed",
+          "double_quantization", "stage", "do_train", "quantization_method"}
+KNOWN = MAPPED | {
+    "trust_remote_code", "overwrite_cache", "preprocessing_num_workers", "dataloader_num_workers",
+    "output_dir", "logging_steps", "save_steps", "plot_loss", "overwrite_output_dir",
+    "save_only_model", "report_to", "warmup_ratio", "ddp_timeout", "resume_from_checkpoint",
+    "eval_dataset", "val_size", "per_device_eval_batch_size", "eval_strategy", "eval_steps",
+    "flash_attn", "use_unsloth", "enable_liger_kernel", "rope_scaling", "shift_attn",
+    "use_dora", "pissa_init", "additional_target", "create_new_adapter", "adapter_name_or_path",
+    "export_dir", "export_size", "freeze_trainable_layers", "freeze_trainable_modules",
+    "tokenized_path", "streaming", "mix_strategy", "upcast_layernorm", "upcast_lmhead_output",
+    "max_grad_norm", "save_strategy", "load_best_model_at_end", "run_name", "hub_model_id",
+    "push_to_hub", "ignore_data_skip", "enable_thinking", "image_max_pixels", "video_max_pixels",
+}
+
+
+def looks_like(raw: dict) -> bool:
+    return "model_name_or_path" in raw and any(k in raw for k in (
+        "finetuning_type", "cutoff_len", "template", "stage", "lora_target"))
+
+
+def convert(m: Mapper) -> None:
+    m.set("model", model_source(m, "model_name_or_path", m.get("model_name_or_path")),
+          "model_name_or_path")
+    m.used.update({"stage", "do_train"})
+    if m.get("stage", "sft") not in ("sft", "pt"):
+        m.note(f"stage {m.get('stage')!r}: planned as supervised fine-tuning (one model; a "
+               "reward or reference model is not counted)")
+    _method(m)
+    for key, dotted, kind in (("cutoff_len", "sequence_length", int),
+                              ("per_device_train_batch_size", "micro_batch_size", int),
+                              ("gradient_accumulation_steps", "gradient_accumulation_steps", int),
+                              ("seed", "seed", int), ("learning_rate", "optimizer.lr", float),
+                              ("weight_decay", "optimizer.weight_decay", float),
+                              ("warmup_steps", "scheduler.warmup_steps", int)):
+        value = number(m, key, kind)
+        if value is not None:
+            m.set(dotted, value, key)
+    if not m.has("cutoff_len"):
+        m.set("sequence_length", 2048, "cutoff_len")
+        m.note("cutoff_len not set: LLaMA-Factory's default 2048")
+    optimizer(m, "optim", m.get("optim"))
+    scheduler(m, "lr_scheduler_type", m.get("lr_scheduler_type"))
+    if truthy(m.get("pure_bf16")):
+        m.set("precision", "bf16-true", "pure_bf16")
+    elif truthy(m.get("bf16")):
+        m.set("precision", "bf16-mixed", "bf16")
+    elif truthy(m.get("fp16")):
+        m.set("precision", "fp16-mixed", "fp16")
+    else:
+        m.set("precision", "fp32", "bf16")
+    if not truthy(m.get("disable_gradient_checkpointing")):
+        m.set("activation_checkpointing", "full", "disable_gradient_checkpointing")
+        m.note("LLaMA-Factory checkpoints activations unless disable_gradient_checkpointing")
+    if m.has("deepspeed"):
+        deepspeed_strategy(m, "deepspeed", m.get("deepspeed"))
+    _data(m)
+    steps, epochs = number(m, "max_steps"), number(m, "num_train_epochs", float)
+    if steps and steps > 0:
+        m.spec["_max_steps"] = steps
+    elif epochs and m.spec.get("data"):
+        m.set("target.epochs", epochs, "num_train_epochs")
+    elif epochs:
+        m.note(f"num_train_epochs {epochs:g} not mapped: synthetic data has no epochs")
+
+
+def _method(m: Mapper) -> None:
+    kind = m.get("finetuning_type", "lora")
+    if kind == "freeze":
+        m.fail("finetuning_type", "'freeze' (training some layers) is not modelled.",
+               "tunepilot models full, lora and qlora.")
+    if kind not in ("full", "lora"):
+        m.fail("finetuning_type", f"{kind!r} is not full, freeze or lora.")
+    bits = number(m, "quantization_bit")
+    m.used.add("quantization_method")
+    if kind == "full":
+        m.set("method.kind", "full", "finetuning_type")
+        return
+    if bits == 8:
+        m.note("quantization_bit 8 is not modelled; planned with a 16-bit base (an upper bound)")
+    qlora = bits == 4
+    m.set("method.kind", "qlora" if qlora else "lora", "finetuning_type",
+          *(("quantization_bit",) if qlora else ()))
+    rank = number(m, "lora_rank") or 8  # LLaMA-Factory's default
+    m.set("method.lora_rank", rank, "lora_rank")
+    m.set("method.lora_alpha", float(number(m, "lora_alpha", float) or 2 * rank), "lora_alpha")
+    dropout = number(m, "lora_dropout", float)
+    if dropout is not None:
+        m.set("method.lora_dropout", dropout, "lora_dropout")
+    m.set("method.lora_targets", lora_targets(m.get("lora_target", "all")) or "all-linear",
+          "lora_target")
+    if qlora and truthy(m.get("double_quantization", True)):
+        m.set("method.double_quant", True, "double_quantization")
+
+
+def _data(m: Mapper) -> None:
+    names = m.get("dataset")
+    if not names or m.options.synthetic_data:
+        return
+    name = str(names).split(",")[0].strip()
+    info_dir = Path(m.get("dataset_dir", "data"))
+    info_dir = info_dir if info_dir.is_absolute() else m.path.parent / info_dir
+    info_file = info_dir / "dataset_info.json"
+    entry = None
+    if info_file.is_file():
+        try:
+            entry = json.loads(info_file.read_text()).get(name)
+        except (OSError, ValueError, AttributeError):
+            entry = None
+    if not isinstance(entry, dict) or not entry.get("file_name"):
+        where = "a hub dataset" if isinstance(entry, dict) else f"not in {info_file}"
+        m.fail("dataset", f"{name!r} is {where}: tunepilot reads only local datasets listed "
+               "with a file_name in dataset_info.json.", "Add a local copy there, or pass "
+               "--data synthetic.")
+    cols = entry.get("columns") or {}
+    if entry.get("formatting") == "sharegpt":
+        fmt, fields = "messages", {"messages_field": cols.get("messages", "conversations")}
+    else:
+        fmt, fields = "prompt-completion", {"prompt_field": cols.get("prompt", "instruction"),
+                                            "completion_field": cols.get("response", "output")}
+        m.note("alpaca rows: instruction -> prompt, output -> completion (the query/input "
+               "column is not rendered)")
+    rel = str((info_dir / entry["file_name"]).relative_to(m.path.parent)) \
+        if (info_dir / entry["file_name"]).is_relative_to(m.path.parent) else \
+        str(info_dir / entry["file_name"])
+    data = local_data(m, rel, fmt=fmt, fields=fields, tokenizer=m.options.tokenizer,
+                      key="dataset")
+    data["train_on"] = "all" if truthy(m.get("train_on_prompt")) else "completions"
+    if truthy(m.get("packing")) or truthy(m.get("neat_packing")):
+        data["packing"] = True
+    limit = number(m, "max_samples")
+    if limit:
+        data["max_samples"] = limit
+    template = m.get("template")
+    if template in ("llama3", "chatml", "qwen"):
+        data["chat_template"] = {"llama3": "llama-3", "qwen": "chatml"}.get(template, template)
+    m.set("data", data, "dataset", "dataset_dir", "train_on_prompt", "packing", "neat_packing",
+          "max_samples", "template")
