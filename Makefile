@@ -13,7 +13,7 @@ $(BIN)/tunepilot: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_CPU)
-	$(BIN)/python -m pip install -q -e ".[torch,dev]"
+	$(BIN)/python -m pip install -q -e ".[torch,dev,data,hf,trl,lightning]"
 	@touch $@
 
 venv: $(BIN)/tunepilot

@@ -29,7 +29,9 @@ MethodKind = Literal["full", "lora", "qlora"]
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor"]
 Precision = Literal["fp32", "bf16-mixed", "bf16-true", "fp16-mixed"]
 StateDtype = Literal["fp32", "bf16"]
-Checkpointing = Literal["none", "full", "selective"]
+Checkpointing = Literal["none", "full", "selective", "selective-op"]
+Implementation = Literal["transformers", "litgpt", "torchtune", "torchtitan", "megatron"]
+Task = Literal["causal-lm", "sequence-classification"]
 Strategy = Literal["single", "ddp", "fsdp"]
 
 DEFAULT_LORA_RANK = 16
@@ -51,6 +53,14 @@ class ModelSpec(_Strict):
     config: str | None = None
     revision: str | None = None
     weights: str = "random"
+    implementation: Implementation = "transformers"
+    """the training code that runs the model: its kernels and loss decide what is saved and how
+    fast it runs (transformers + PEFT, LitGPT, torchtune, torchtitan, Megatron-core/NeMo)"""
+    task: Task = "causal-lm"
+    """causal-lm (next-token loss over the vocabulary) or sequence-classification (a small
+    classification head on the last token; encoders such as BERT included)"""
+    num_labels: int = Field(default=2, gt=0, le=100_000)
+    """sequence-classification: the number of classes"""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -83,6 +93,9 @@ class MethodSpec(_Strict):
     """qlora: quantize lm_head too (transformers keeps it in 16 bit; some frameworks do not)."""
     quantize_on_load: bool = True
     """qlora: quantize while loading (transformers); false = load the bf16 base, then quantize."""
+    adapter_dtype: Literal["bf16", "fp32"] | None = None
+    """LoRA/QLoRA adapter weights: null = PEFT's default (fp32 adapters, autocast_adapter_dtype);
+    bf16 = adapters in bf16 (LitGPT's and torchtune's pure-bf16 runs)"""
 
     @model_validator(mode="after")
     def _lora_fields(self) -> MethodSpec:
@@ -91,6 +104,11 @@ class MethodSpec(_Strict):
                 raise ValueError(
                     "sets lora_rank/lora_alpha on a full fine-tune (kind: full); remove them, "
                     "or set kind: lora"
+                )
+            if self.adapter_dtype is not None:
+                raise ValueError(
+                    "sets adapter_dtype on a full fine-tune; there are no adapters: the "
+                    "precision field decides the weights' dtype"
                 )
             if self.base_dtype is not None:
                 raise ValueError(
@@ -283,7 +301,12 @@ class RunSpec(_Strict):
     micro_batch_size: int = Field(default=1, gt=0, le=1 << 16)
     gradient_accumulation_steps: int = Field(default=1, gt=0, le=1 << 16)
     activation_checkpointing: Checkpointing = "none"
+    """none | full (each layer's input) | selective (attention recomputed) | selective-op
+    (torchtitan's per-op SAC: every other matmul output kept, attention outputs kept)"""
     chunked_loss: bool = False
+    torch_compile: bool = False
+    """the model compiled with torch.compile (Inductor fuses pointwise ops: fewer saved
+    intermediates, its own workspace)"""
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)

@@ -59,14 +59,24 @@ def say(msg: str) -> None:
 def load_run_spec(path: Path, *, quiet: bool = False):
     """A tunepilot run spec - or a trainer's config (axolotl, LLaMA-Factory, TRL, HF
     TrainingArguments) imported on the fly, which the output says."""
-    from tunepilot.integrations.importers import import_config, looks_imported
+    from tunepilot.integrations.importers import ImportOptions, import_config, looks_imported
+    from tunepilot.integrations.importers.common import DataUnavailable
     from tunepilot.spec import load_spec
 
     if looks_imported(path):
-        result = import_config(path)
+        fallback = None
+        try:
+            result = import_config(path)
+        except DataUnavailable as e:
+            fallback = e
+            result = import_config(path, options=ImportOptions(synthetic_data=True))
         if not quiet:
             say(f"imported {path} ({result.source} config) as a tunepilot spec"
                 + (f"; ignored: {', '.join(result.ignored)}" if result.ignored else ""))
+            if fallback is not None:
+                say(f"note: planned with synthetic tokens, not the config's data - "
+                    f"{fallback.message} Run `tunepilot import {path} --tokenizer DIR` to "
+                    "profile the data.")
         return result.spec
     return load_spec(path)
 

@@ -95,7 +95,9 @@ def import_config(path: Path, source: str | None = None,
     name = path.stem
     spec_dict = {"name": f"{name}", **m.spec}
     spec = spec_from_dict(spec_dict, source=f"{path.name} (imported from {source})")
-    return ImportResult(source, str(path), spec_dict, dict(m.mapped), ignored, m.notes, spec)
+    defaults = [k for k in raw if k in m.used and k not in m.mapped]
+    return ImportResult(source, str(path), spec_dict, dict(m.mapped), ignored, defaults, m.notes,
+                        spec)
 
 
 def _converters() -> dict[str, tuple[Any, set[str], Any]]:

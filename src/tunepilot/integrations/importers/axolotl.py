@@ -164,7 +164,7 @@ def _data(m: Mapper) -> None:
     tok = opts.tokenizer or m.get("tokenizer_config")
     data = local_data(m, str(path), fmt=fmt, fields=fields, tokenizer=tok, key="datasets")
     if data is None:
-        m.fail("datasets", f"{path!r} is not a local file or directory (a hub dataset): "
+        m.data_unavailable("datasets", f"{path!r} is not a local file or directory (a hub dataset): "
                "tunepilot never downloads.", "Save a local copy (JSONL, Parquet, or "
                "save_to_disk) and point path at it, or pass --data synthetic.")
     train_inputs = truthy(m.get("train_on_inputs"))

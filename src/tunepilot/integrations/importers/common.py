@@ -42,12 +42,14 @@ class ImportResult:
     spec_dict: dict
     mapped: dict[str, str] = field(default_factory=dict)  # their key -> spec field
     ignored: list[str] = field(default_factory=list)
+    defaults: list[str] = field(default_factory=list)  # read; their value is the spec's default
     notes: list[str] = field(default_factory=list)
     spec: Any = None  # the validated RunSpec
 
     def to_dict(self) -> dict:
         return {"source": self.source, "path": self.path, "spec": self.spec_dict,
-                "mapped": self.mapped, "ignored": self.ignored, "notes": self.notes}
+                "mapped": self.mapped, "ignored": self.ignored,
+                "defaults": self.defaults, "notes": self.notes}
 
 
 class Mapper:
@@ -76,14 +78,21 @@ class Mapper:
         node[last] = value
         for k in keys:
             self.used.add(k)
-            self.mapped[k] = dotted
+            if k in self.raw:
+                self.mapped[k] = dotted
 
     def note(self, text: str) -> None:
         self.notes.append(text)
 
-    def fail(self, key: str | None, message: str, hint: str | None = None) -> None:
+    def fail(self, key: str | None, message: str, hint: str | None = None,
+             error: type[UserError] = UserError) -> None:
         where = f"{self.path.name}" + (f": {key}" if key else "")
-        raise UserError(where, message, hint)
+        raise error(where, message, hint)
+
+    def data_unavailable(self, key: str, message: str, hint: str) -> None:
+        """The dataset cannot be read here (hub-only, or no local tokenizer): `import` stops;
+        a plan of the config given directly falls back to synthetic tokens and says why."""
+        self.fail(key, message, hint, error=DataUnavailable)
 
     def check_typos(self) -> list[str]:
         """The keys not used: an unknown key close to a known one is a typo (exit 2); the rest
@@ -228,6 +237,10 @@ def deepspeed_strategy(m: Mapper, key: str, value: Any) -> None:
                "upper bound on the per-rank memory)")
 
 
+class DataUnavailable(UserError):
+    """The config's dataset is not readable offline (see Mapper.data_unavailable)."""
+
+
 def local_data(m: Mapper, path_value: str, *, fmt: str | None, fields: dict, tokenizer: str
                | None, key: str) -> dict | None:
     """A local dataset -> the spec's data section (format peeked from the first row when the
@@ -245,7 +258,7 @@ def local_data(m: Mapper, path_value: str, *, fmt: str | None, fields: dict, tok
     data.update({k: v for k, v in fields.items() if v})
     data["format"] = fmt or _peek_format(p, source, fields) or "text"
     if tokenizer is None:
-        m.fail(key, "names a local dataset, but the tokenizer is the hub model's, which "
+        m.data_unavailable(key, "names a local dataset, but the tokenizer is the hub model's, which "
                "tunepilot does not download.", "Pass --tokenizer DIR (a local tokenizer "
                "directory), or --data synthetic to plan without the data.")
     data["tokenizer"] = tokenizer

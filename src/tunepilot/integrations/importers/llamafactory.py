@@ -140,7 +140,7 @@ def _data(m: Mapper) -> None:
             entry = None
     if not isinstance(entry, dict) or not entry.get("file_name"):
         where = "a hub dataset" if isinstance(entry, dict) else f"not in {info_file}"
-        m.fail("dataset", f"{name!r} is {where}: tunepilot reads only local datasets listed "
+        m.data_unavailable("dataset", f"{name!r} is {where}: tunepilot reads only local datasets listed "
                "with a file_name in dataset_info.json.", "Add a local copy there, or pass "
                "--data synthetic.")
     cols = entry.get("columns") or {}

@@ -57,10 +57,17 @@ TRL_KNOWN = TRAINING_ARGS | MODEL_ARGS | SFT_ARGS
 HF_KNOWN = TRAINING_ARGS | PEFT_BNB
 
 
+_PEFT_FIELDS = ("r", "target_modules", "bnb_4bit_quant_type", "bnb_4bit_compute_dtype",
+                "bnb_4bit_use_double_quant", "task_type")
+
+
 def looks_like_trl(raw: dict) -> bool:
-    return "model_name_or_path" in raw and any(k in raw for k in (
-        "dataset_name", "datasets", "max_length", "max_seq_length", "use_peft", "packing",
-        "dataset_text_field", "assistant_only_loss", "completion_only_loss"))
+    """TRL's own keys, and none of PEFT's LoraConfig / BitsAndBytesConfig field names (which
+    a TrainingArguments file carries and TRL's ModelConfig spells lora_r, ...)."""
+    return "model_name_or_path" in raw and not any(k in raw for k in _PEFT_FIELDS) and any(
+        k in raw for k in ("dataset_name", "datasets", "max_length", "use_peft", "packing",
+                           "dataset_text_field", "assistant_only_loss", "completion_only_loss",
+                           "lora_r"))
 
 
 def looks_like_hf(raw: dict) -> bool:
@@ -195,7 +202,7 @@ def _data(m: Mapper, path, *, trl: bool) -> None:
     data = local_data(m, str(path), fmt=None, fields={"text_field": text_field},
                       tokenizer=m.options.tokenizer, key="dataset_name")
     if data is None:
-        m.fail("dataset_name", f"{path!r} is not a local file or directory (a hub dataset): "
+        m.data_unavailable("dataset_name", f"{path!r} is not a local file or directory (a hub dataset): "
                "tunepilot never downloads.", "Save a local copy (JSONL, Parquet, or "
                "save_to_disk) and point dataset_name at it, or pass --data synthetic.")
     if data["format"] == "messages":

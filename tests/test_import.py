@@ -1,0 +1,149 @@
+"""`tunepilot import`: the configs people already have (axolotl, LLaMA-Factory, TRL, HF
+TrainingArguments) become run specs that plan; nothing is dropped silently."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tunepilot.errors import UserError
+from tunepilot.integrations.importers import ImportOptions, detect, import_config, read_config
+from tunepilot.integrations.importers.common import DataUnavailable
+from tunepilot.memory.plan import make_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "tests" / "fixtures" / "configs"
+TOKENIZER = str(ROOT / "src" / "tunepilot" / "resources" / "tiny" / "chat-tokenizer")
+EXE = Path(sys.executable).with_name("tunepilot")
+
+CASES = {
+    # file: (format, preset, method, sequence_length, micro_batch, accumulation, optimizer)
+    "axolotl-lora-8b.yml": ("axolotl", "llama-3-8b", "lora", 4096, 2, 4, "adamw_8bit"),
+    "axolotl-qlora-chat.yml": ("axolotl", None, "qlora", None, None, None, None),
+    "llamafactory-llama3-lora-sft.yaml": ("llamafactory", "llama-3-8b", "lora", None, 1, 8,
+                                          None),
+    "llamafactory-qwen-qlora.yaml": ("llamafactory", "qwen2.5-7b", "qlora", 1024, 2, 4,
+                                     "paged_adamw_8bit"),
+    "trl-sft.yaml": ("trl", None, "lora", None, None, None, None),
+    "hf-training-args.json": ("hf", "llama-3.2-1b", "qlora", 4096, 4, 4, "adamw"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_format_is_detected_imported_and_plans(name):
+    fmt, preset, kind, seq, mbs, accum, opt = CASES[name]
+    path = CONFIGS / name
+    assert detect(read_config(path)) == fmt
+    synthetic = name == "axolotl-lora-8b.yml"  # its dataset is a hub id
+    result = import_config(path, options=ImportOptions(tokenizer=TOKENIZER,
+                                                       synthetic_data=synthetic))
+    spec = result.spec
+    assert result.source == fmt
+    assert spec.method.kind == kind
+    if preset:
+        assert spec.model.preset == preset
+    if seq:
+        assert spec.sequence_length == seq
+    if mbs:
+        assert spec.micro_batch_size == mbs
+    if accum:
+        assert spec.gradient_accumulation_steps == accum
+    if opt:
+        assert spec.optimizer.name == opt
+    # every key is either mapped or listed as ignored
+    raw = read_config(path)
+    accounted = set(result.mapped) | set(result.ignored) | set(result.defaults)
+    assert set(raw) == accounted, set(raw) ^ accounted
+    assert not set(result.ignored) & set(result.mapped)
+    plan = make_plan(spec, card_ids=["h100-sxm-80gb"], base_dir=path.parent)
+    assert plan.per_device.allocated_peak_bytes > 0
+
+
+def test_the_mapped_fields_of_a_known_config_are_the_right_ones():
+    r = import_config(CONFIGS / "axolotl-lora-8b.yml", options=ImportOptions(synthetic_data=True))
+    s = r.spec
+    assert (s.method.lora_rank, s.method.lora_alpha, s.method.lora_dropout) == (32, 16, 0.05)
+    assert s.method.lora_targets == "all-linear"
+    assert s.precision == "bf16-mixed"
+    assert s.activation_checkpointing == "full"
+    assert "wandb_project" in r.ignored and "sample_packing" in r.ignored
+
+
+def test_local_chat_data_becomes_the_data_section():
+    r = import_config(CONFIGS / "axolotl-qlora-chat.yml",
+                      options=ImportOptions(tokenizer=TOKENIZER))
+    d = r.spec.data
+    assert d.source == "jsonl" and d.data_format == "messages"
+    assert d.train_on == "completions" and d.packing is True
+    r = import_config(CONFIGS / "llamafactory-llama3-lora-sft.yaml",
+                      options=ImportOptions(tokenizer=TOKENIZER))
+    assert r.spec.data.data_format == "prompt-completion"
+    # LLaMA-Factory checkpoints activations unless disable_gradient_checkpointing
+    assert r.spec.activation_checkpointing == "full"
+
+
+def _write(tmp_path: Path, name: str, body: dict) -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(body))
+    return p
+
+
+def test_a_typo_is_refused_with_did_you_mean(tmp_path):
+    p = _write(tmp_path, "ax.yml", {"base_model": "meta-llama/Meta-Llama-3-8B", "adapter": "lora",
+                                     "sequence_len": 1024, "micro_batch_size": 1,
+                                     "lora_rnk": 8})
+    with pytest.raises(UserError) as e:
+        import_config(p, "axolotl")
+    assert "lora_rnk" in str(e.value) and "lora_r" in str(e.value)
+
+
+def test_an_unknown_hub_model_lists_the_presets(tmp_path):
+    p = _write(tmp_path, "ax.yml", {"base_model": "someone/Unheard-Of-9B", "adapter": "lora",
+                                     "sequence_len": 1024, "micro_batch_size": 1})
+    with pytest.raises(UserError) as e:
+        import_config(p, "axolotl")
+    text = str(e.value)
+    assert "someone/Unheard-Of-9B" in text and "llama-3-8b" in text
+
+
+def test_a_hub_dataset_is_refused_by_import_and_planned_synthetic_on_the_fly(tmp_path):
+    with pytest.raises(DataUnavailable) as e:
+        import_config(CONFIGS / "axolotl-lora-8b.yml")
+    assert "never downloads" in str(e.value) and "--data synthetic" in str(e.value)
+    proc = subprocess.run([str(EXE), "plan", str(CONFIGS / "axolotl-lora-8b.yml"), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "synthetic tokens" in proc.stderr and "imported" in proc.stderr
+    plan = json.loads(proc.stdout)
+    assert plan["stage"] == "plan" and plan["params"]["trainable"] == 83_886_080  # 8B, r=32
+
+
+def test_import_cli_writes_a_spec_that_plans_from_its_own_directory(tmp_path):
+    out = tmp_path / "sub" / "spec.yaml"
+    out.parent.mkdir()
+    proc = subprocess.run([str(EXE), "import", str(CONFIGS / "llamafactory-qwen-qlora.yaml"),
+                           "--tokenizer", TOKENIZER, "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert text.startswith("# imported by `tunepilot import`")
+    proc = subprocess.run([str(EXE), "data", str(out), "--json", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["samples"] > 0
+
+
+def test_bad_input_exits_2_without_a_traceback(tmp_path):
+    spec_like = _write(tmp_path, "spec.yaml", {"model": {"preset": "tiny"}})
+    empty_model = _write(tmp_path, "ax.yml", {"adapter": "lora", "sequence_len": 512,
+                                              "micro_batch_size": 1})
+    for args in (["import", str(spec_like)], ["import", str(empty_model), "--from", "axolotl"],
+                 ["import", str(CONFIGS / "trl-sft.yaml"), "--from", "nosuch"]):
+        proc = subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr and "error" in proc.stderr.lower()
