@@ -237,7 +237,7 @@ def _checkpoint_terms(ctx: _Ctx, card: Card, t: _Terms, steps: int) -> None:
         size = measured_value(run.restore.checkpoint_bytes)
     if size is None and run and run.pilot:
         size = measured_value(run.pilot.timings.checkpoint_bytes)
-    ckpt = Figure.measured(size, "bytes", "checkpoint_bytes from the run directory") \
+    ckpt = Figure.measured(size, "bytes", how="checkpoint_bytes from the run directory") \
         if size is not None else Figure.projected(
             ctx.checkpoint_bytes, "bytes", "trainable parameters x (weight + optimizer-state "
             "bytes, the optimizer-state table of model/flops.py)")

@@ -46,10 +46,12 @@ class Figure(BaseModel):
         return self.value is not None
 
     @classmethod
-    def measured(cls, value: Any, unit: str, how: str | None = None, **extra: Any) -> Figure:
-        """Measured here; a missing value (None) becomes "not measured" with ``how`` as why."""
+    def measured(cls, value: Any, unit: str, why: str | None = None, *, how: str | None = None,
+                 **extra: Any) -> Figure:
+        """Measured here. ``why``: the reason a missing value (None) is "not measured" - it never
+        labels a value that was measured; ``how``: how a measured value was obtained."""
         if value is None:
-            return cls.missing(unit, how or "not measured", **extra)
+            return cls.missing(unit, why or "not measured", **extra)
         return cls(value=value, unit=unit, basis=MEASURED, how=how, **_plain(extra))
 
     @classmethod

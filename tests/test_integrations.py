@@ -1,0 +1,255 @@
+"""The user's own run: real HF Trainer and real Lightning with TunepilotCallback, `tunepilot watch`
+on a child of known size and length, `tunepilot verify` on HF and tunepilot checkpoints, and
+`resume_from`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN = ROOT / "examples" / "own-loop"
+EXE = Path(sys.executable).with_name("tunepilot")
+sys.path.insert(0, str(OWN))
+
+from tiny_data import VariedLengths, collate, tiny_config  # noqa: E402
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run([str(EXE), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _hf_run(tmp_path, *, steps=8, out=None, save_steps=100, callback=None):
+    """An in-process HF Trainer run on the tiny model; the batches it trained on."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM, Trainer, TrainingArguments
+
+    from tunepilot.integrations.hf import TunepilotCallback
+
+    seen = []
+
+    def recording_collate(rows):
+        b = collate(rows)
+        seen.append(b)
+        return b
+
+    torch.manual_seed(0)
+    model = get_peft_model(LlamaForCausalLM(tiny_config()),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                      task_type="CAUSAL_LM"))
+    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=steps,
+                             per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                             logging_steps=2, save_steps=save_steps, report_to=[], use_cpu=True,
+                             dataloader_num_workers=0, seed=0, disable_tqdm=True)
+    cb = callback or TunepilotCallback(out_dir=out or tmp_path / "run")
+    trainer = Trainer(model=model, args=args, train_dataset=VariedLengths(128, 512),
+                      data_collator=recording_collate, callbacks=[cb])
+    trainer.train()
+    cb.global_step = trainer.state.global_step
+    return cb, seen
+
+
+def test_hf_trainer_callback_counts_steps_and_useful_vs_padded_tokens(tmp_path):
+    cb, seen = _hf_run(tmp_path, steps=8)
+    d = json.loads((tmp_path / "run" / "pilot.json").read_text())
+    assert d["source"] == "hf-callback" and d["run"]["trainer"] == "transformers.Trainer"
+    assert d["steps"]["warmup"]["value"] == 2 and d["steps"]["measured"]["value"] == 6
+    measured = seen[2 * 2:2 * 2 + 12]  # after 2 warm-up steps x 2 micro-batches (accelerate's
+    # loader fetches one batch ahead: the last one seen is never trained)
+    assert len(measured) == 12
+    useful = sum(int((b["labels"][:, 1:] != -100).sum()) for b in measured)
+    padded = sum(b["input_ids"].numel() for b in measured)
+    t = d["throughput"]
+    assert t["useful_tokens"]["value"] == useful and t["padded_tokens"]["value"] == padded
+    assert 0 < useful < padded  # varied lengths: padding, and prompts not trained
+    assert d["per_step"]["padded_tokens"]["value"] == [
+        sum(b["input_ids"].numel() for b in measured[i:i + 2]) for i in range(0, 12, 2)]
+    assert d["step_time"]["p50_s"]["basis"] == "measured"
+    assert d["step_time"]["p50_s"]["value"] > 0
+    spec = (tmp_path / "run" / "spec.yaml").read_text()
+    assert "lora_rank: 4" in spec and "micro_batch_size: 4" in spec
+
+
+def test_quote_and_report_read_the_callbacks_run_directory(tmp_path):
+    _hf_run(tmp_path, steps=5, save_steps=4)
+    run = tmp_path / "run"
+    d = json.loads((run / "pilot.json").read_text())
+    assert d["timings"]["checkpoint_bytes"]["value"] > 0
+    proc = _cli("quote", run / "spec.yaml", "--from", run, "--card", "h100-sxm-80gb",
+                "--hours", "24", "--json")
+    assert proc.returncode == 0, proc.stderr
+    q = json.loads(proc.stdout)
+    assert q["run_dir"]["files"] == ["pilot.json"]
+    proc = _cli("report", run)
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "report.html").stat().st_size > 1000
+
+
+def test_a_failing_callback_warns_and_the_run_goes_on(tmp_path):
+    blocker = tmp_path / "run"
+    blocker.write_text("a file where the run directory should go")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cb, seen = _hf_run(tmp_path, steps=4, out=blocker)
+    assert cb.global_step == 4 and len(seen) >= 8  # every step trained
+    assert any("tunepilot" in str(w.message) and "your run goes on" in str(w.message)
+               for w in caught)
+    assert blocker.read_text().startswith("a file")
+
+
+def test_lightning_callback_counts_steps_and_tokens(tmp_path):
+    import lightning as L
+
+    from tunepilot.integrations.lightning import TunepilotCallback
+
+    seen = []
+
+    def recording_collate(rows):
+        b = collate(rows)
+        seen.append(b)
+        return b
+
+    class LM(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            from transformers import LlamaForCausalLM
+
+            self.model = LlamaForCausalLM(tiny_config())
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(VariedLengths(64, 512), batch_size=4,
+                                         collate_fn=recording_collate)
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, accumulate_grad_batches=2,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False,
+                        callbacks=[TunepilotCallback(out_dir=tmp_path / "run")])
+    trainer.fit(LM(), loader)
+    d = json.loads((tmp_path / "run" / "pilot.json").read_text())
+    assert d["source"] == "lightning-callback"
+    assert d["steps"]["measured"]["value"] == 4
+    measured = seen[4:12]
+    assert d["throughput"]["useful_tokens"]["value"] == sum(
+        int((b["labels"][:, 1:] != -100).sum()) for b in measured)
+    assert d["throughput"]["padded_tokens"]["value"] == sum(b["input_ids"].numel()
+                                                           for b in measured)
+    assert "kind: full" in (tmp_path / "run" / "spec.yaml").read_text()
+
+
+def test_watch_measures_a_child_of_known_size_and_length(tmp_path):
+    child = tmp_path / "child.py"
+    child.write_text("import time, sys\nb = bytearray(200 << 20)\nb[::4096] = b'\\x01' * "
+                     "len(b[::4096])\ntime.sleep(1.0)\nsys.exit(3)\n")
+    proc = _cli("watch", "--out", tmp_path / "w", "--interval-s", "0.05", "--json", "--",
+                sys.executable, child)
+    assert proc.returncode == 1  # the command's own failure is reported
+    d = json.loads(proc.stdout)
+    w = d["watched"]
+    assert w["exit_code"] == 3 and 1.0 <= w["wall_s"]["value"] < 10
+    assert d["memory"]["process"]["peak_rss_bytes"]["value"] >= 200 << 20
+    assert d["source"] == "watch" and d["step_time"]["mean_s"]["basis"] == "not measured"
+    assert _cli("report", tmp_path / "w").returncode == 0
+
+
+def test_watch_forwards_sigterm_to_the_whole_tree_and_leaves_no_orphans(tmp_path):
+    pidfile = tmp_path / "pids"
+    child = tmp_path / "tree.py"
+    child.write_text(textwrap_tree(pidfile))
+    proc = subprocess.Popen([str(EXE), "watch", "--out", str(tmp_path / "w"), "--json", "--",
+                             sys.executable, str(child)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and not (pidfile.exists() and
+                                          len(pidfile.read_text().split()) >= 2):
+        time.sleep(0.1)
+    pids = [int(x) for x in pidfile.read_text().split()]
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    d = json.loads(out)
+    assert d["watched"]["signal"] == "SIGTERM"
+    time.sleep(0.5)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def textwrap_tree(pidfile: Path) -> str:
+    return (
+        "import os, subprocess, sys, time\n"
+        "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(f'{{os.getpid()}} {{kid.pid}}')\n"
+        "time.sleep(120)\n")
+
+
+def test_verify_an_hf_checkpoint_and_resume_from(tmp_path):
+    from tunepilot.integrations.hf import resume_from
+
+    _hf_run(tmp_path, steps=4, save_steps=2)
+    out = tmp_path / "trainer"
+    ck2, ck4 = out / "checkpoint-2", out / "checkpoint-4"
+    proc = _cli("verify", ck4, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["kind"] == "hf-trainer" and r["ok"] and r["step"] == 4
+    assert r["loaded_in_fresh_process"]
+    assert resume_from(out) == str(ck4)
+    (ck4 / "scheduler.pt").unlink()
+    proc = _cli("verify", ck4)
+    assert proc.returncode == 1 and "scheduler.pt" in proc.stdout
+    assert "restarts at step 0" in proc.stdout and "Traceback" not in proc.stderr
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resume_from(out) == str(ck2)  # the incomplete newer one is skipped
+    assert any("scheduler.pt" in str(w.message) for w in caught)
+    weights = next(ck2.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    proc = _cli("verify", ck2, "--json")
+    assert proc.returncode == 1
+    bad = json.loads(proc.stdout)["problems"]
+    assert any(p["file"] == weights.name and p["component"] == "model" for p in bad)
+
+
+def test_verify_a_tunepilot_checkpoint_and_name_the_damage(tmp_path):
+    from tunepilot.checkpoint import save_checkpoint
+    from tunepilot.restore.worker import build, train
+    from tunepilot.spec import load_spec
+
+    spec = load_spec(ROOT / "examples" / "tiny.yaml")
+    state, stream = build(spec, 4, None, "cpu")
+    train(state, stream, spec, 2)
+    path = tmp_path / "ck"
+    save_checkpoint(path, state, stream, spec)
+    proc = _cli("verify", path, "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["kind"] == "tunepilot" and r["ok"] and r["loaded_in_fresh_process"]
+    assert {c["name"] for c in r["components"]} >= {"model", "optimizer", "rng"}
+    damaged = tmp_path / "damaged"
+    shutil.copytree(path, damaged)
+    shard = max((p for p in (damaged / "optimizer").iterdir() if p.suffix == ".distcp"),
+                key=lambda p: p.stat().st_size)
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    proc = _cli("verify", damaged, "--json")
+    assert proc.returncode == 1
+    bad = json.loads(proc.stdout)["problems"]
+    assert bad[0]["component"] == "optimizer" and "altered" in bad[0]["problem"]
+    proc = _cli("verify", tmp_path / "nowhere")
+    assert proc.returncode == 1 and "not a directory" in proc.stdout
