@@ -253,3 +253,20 @@ def test_verify_a_tunepilot_checkpoint_and_name_the_damage(tmp_path):
     assert bad[0]["component"] == "optimizer" and "altered" in bad[0]["problem"]
     proc = _cli("verify", tmp_path / "nowhere")
     assert proc.returncode == 1 and "not a directory" in proc.stdout
+
+
+def test_the_hf_trainer_restore_proof_passes_and_catches_ignore_data_skip(tmp_path):
+    script = [sys.executable, str(OWN / "hf_train.py"), "--out", str(tmp_path / "own")]
+    ok = _cli("restore", "--trainer", "hf", "--out", tmp_path / "good", "--json", "--", *script)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    r = json.loads(ok.stdout)
+    assert r["passed"] and r["trainer"] == "hf"
+    assert r["loss_max_abs_diff"]["value"] == 0.0 and len(r["steps"]["restored"]) == 4
+    bad = _cli("restore", "--trainer", "hf", "--out", tmp_path / "bad", "--json", "--", *script,
+               "--ignore-data-skip")
+    assert bad.returncode == 1
+    r = json.loads(bad.stdout)
+    failed = {c["name"]: c for c in r["components"] if not c["passed"]}
+    assert "data_position" in failed and "scheduler" not in failed
+    assert "ignore_data_skip" in failed["data_position"]["detail"]
+    assert "Traceback" not in bad.stderr

@@ -49,7 +49,9 @@ def restore(
     from tunepilot.views.restore import render_restore
 
     if trainer is not None:
-        result, out = _trainer_proof(trainer, list(ctx.args), out, steps_before, steps_after)
+        # click fills the optional SPEC with the command's first word: it is the command's
+        cmd = ([str(spec)] if spec is not None else []) + list(ctx.args)
+        result, out = _trainer_proof(trainer, cmd, out, steps_before, steps_after)
     else:
         if spec is None:
             raise UserError("SPEC", "is required (or --trainer hf -- CMD ... for your own "

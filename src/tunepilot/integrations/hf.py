@@ -27,6 +27,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from tunepilot.integrations.proof import PROOF_CHECKPOINT_ENV, PROOF_ENV, ProofRecorder
 from tunepilot.integrations.recorder import (
     Recorder,
     default_out_dir,
@@ -54,6 +55,7 @@ class TunepilotCallback(TrainerCallback):
         self._last_event = 0.0
         self._losses: list[float] = []
         self.result = None
+        self.proof = ProofRecorder.from_env()
 
     # --- Trainer events --------------------------------------------------------------------
     @guarded
@@ -62,9 +64,13 @@ class TunepilotCallback(TrainerCallback):
             self.recorder.disabled = True
             return
         self.recorder.out_dir = self.out_dir or default_out_dir(_run_name(args, self.name))
+        if self.proof is not None:
+            self.recorder.out_dir = self.proof.dir / self.proof.role
         self._model = model
         if model is not None:
             self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
+            if self.proof is not None:
+                self.proof.attach(model)
         self._startup_s = process_age_s()
         self.recorder.start()
         self._last_event = time.perf_counter()
@@ -84,8 +90,10 @@ class TunepilotCallback(TrainerCallback):
         self.recorder.begin_step()
 
     @guarded
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
         self.recorder.end_step()
+        if self.proof is not None:
+            self.proof.step_end(state, control, optimizer)
         self._last_event = time.perf_counter()
 
     @guarded
@@ -108,6 +116,8 @@ class TunepilotCallback(TrainerCallback):
         secs = time.perf_counter() - self._last_event
         ck = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         self.recorder.checkpoint(secs, dir_bytes(ck) if ck.is_dir() else 0)
+        if self.proof is not None:
+            self.proof.saved(ck, state)
         self._last_event = time.perf_counter()
 
     @guarded
@@ -116,6 +126,8 @@ class TunepilotCallback(TrainerCallback):
         from tunepilot.results.figure import Figure
 
         self._remove_hook()
+        if self.proof is not None:
+            self.proof.write()
         rec = self.recorder
         model = model or self._model
         seq = max((x.sequence_length for x in rec.steps + rec.warmup), default=0) or 1
@@ -164,15 +176,21 @@ def _run_name(args, name: str | None) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(raw)).strip("-") or "run"
 
 
-def resume_from(path: str | Path) -> str | None:
+def resume_from(path: str | Path | None = None) -> str | None:
     """The newest ``checkpoint-N`` under ``path`` (a Trainer output_dir, or a checkpoint itself)
     that holds everything a resume needs (weights, optimizer, scheduler, RNG, trainer state);
     None when there is none (start fresh). An incomplete newer checkpoint is skipped, with a
-    warning naming what it lacks."""
+    warning naming what it lacks. Under `tunepilot restore --trainer hf` it is the checkpoint
+    the proof resumes from (and None for the reference run)."""
+    import os
     import warnings
 
     from tunepilot.checkpoint.hf import hf_checkpoint_problems
 
+    if os.environ.get(PROOF_ENV):
+        return os.environ.get(PROOF_CHECKPOINT_ENV) or None
+    if path is None:
+        return None
     p = Path(path)
     if not p.is_dir():
         return None

@@ -38,7 +38,8 @@ def render_restore(r: RestoreResult, path: str | None = None) -> None:
                           f"{','.join(s.get('fingerprints', []))}")
     det = r.deterministic
     diff = r.loss_max_abs_diff.value
-    held = "held" if det.held else "NOT held: " + ", ".join(det.nondeterministic_ops)
+    held = ("not set by tunepilot (the script's own settings)" if not det.requested else
+            "held" if det.held else "NOT held: " + ", ".join(det.nondeterministic_ops))
     console.print(f"deterministic algorithms: {held}" +
                   (f"; max |loss diff| {diff:.3g} nats/token" if diff is not None else "")
                   + (f"; tolerance: {r.tolerance}" if r.tolerance else ""))

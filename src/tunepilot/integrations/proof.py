@@ -1,0 +1,105 @@
+"""The callback's side of `tunepilot restore --trainer hf -- CMD` (restore/trainer.py).
+
+tunepilot runs the user's script twice with these variables set:
+    TUNEPILOT_RESTORE_PROOF       the proof directory
+    TUNEPILOT_RESTORE_ROLE        reference | resumed
+    TUNEPILOT_RESTORE_SAVE_AT     K: the reference saves a checkpoint after step K
+    TUNEPILOT_RESTORE_STOP_AT     K + M: both runs stop after this step
+    TUNEPILOT_RESTORE_CHECKPOINT  the resumed run: what resume_from() returns
+The recorder records, per optimizer step, exactly what a resumed run must reproduce: the
+SHA-256 of every micro-batch's input_ids and labels (forward pre-hook), the sum of the model's
+losses (forward hook, float.hex), and the LR after the step; the reference copies checkpoint-K
+aside (the user's save_total_limit may rotate it away). It writes PROOF/ROLE.json at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+PROOF_ENV = "TUNEPILOT_RESTORE_PROOF"
+ROLE_ENV = "TUNEPILOT_RESTORE_ROLE"
+SAVE_AT_ENV = "TUNEPILOT_RESTORE_SAVE_AT"
+STOP_AT_ENV = "TUNEPILOT_RESTORE_STOP_AT"
+PROOF_CHECKPOINT_ENV = "TUNEPILOT_RESTORE_CHECKPOINT"
+
+
+class ProofRecorder:
+    def __init__(self, directory: Path, role: str, save_at: int, stop_at: int):
+        self.dir, self.role, self.save_at, self.stop_at = directory, role, save_at, stop_at
+        self.steps: list[dict] = []
+        self._fingerprints: list[str] = []
+        self._losses: list = []
+        self.checkpoint: str | None = None
+        self.first_step: int | None = None
+        self.notes: list[str] = []
+
+    @classmethod
+    def from_env(cls) -> ProofRecorder | None:
+        d = os.environ.get(PROOF_ENV)
+        if not d:
+            return None
+        return cls(Path(d), os.environ.get(ROLE_ENV, "reference"),
+                   int(os.environ.get(SAVE_AT_ENV, "0")), int(os.environ.get(STOP_AT_ENV, "0")))
+
+    def attach(self, model) -> None:
+        model.register_forward_pre_hook(self._inputs, with_kwargs=True)
+        model.register_forward_hook(self._outputs)
+
+    def _inputs(self, module, args, kwargs):
+        if not module.training:
+            return None
+        h = hashlib.sha256()
+        for key in ("input_ids", "labels"):
+            t = kwargs.get(key, args[0] if key == "input_ids" and args else None)
+            if t is not None:
+                t = t.detach().to("cpu").contiguous()
+                h.update(f"{key}{tuple(t.shape)}".encode())
+                h.update(t.numpy().tobytes())
+        self._fingerprints.append(h.hexdigest()[:16])
+        return None
+
+    def _outputs(self, module, args, output):
+        if not module.training:
+            return None
+        loss = getattr(output, "loss", None)
+        if loss is None and isinstance(output, dict):
+            loss = output.get("loss")
+        if loss is not None:
+            self._losses.append(loss.detach())
+        return None
+
+    def step_end(self, state, control, optimizer) -> None:
+        step = int(state.global_step)
+        if self.first_step is None:
+            self.first_step = step
+        loss = float(sum(x.float() for x in self._losses).item()) if self._losses else None
+        lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else None
+        self.steps.append({"step": step, "loss": loss,
+                           "loss_bits": float(loss).hex() if loss is not None else None,
+                           "lr": lr, "lr_bits": float(lr).hex() if lr is not None else None,
+                           "fingerprints": list(self._fingerprints)})
+        self._fingerprints, self._losses = [], []
+        if self.role == "reference" and step == self.save_at:
+            control.should_save = True
+        if self.stop_at and step >= self.stop_at:
+            control.should_training_stop = True
+
+    def saved(self, checkpoint: Path, state) -> None:
+        if self.role != "reference" or int(state.global_step) != self.save_at:
+            return
+        dst = self.dir / f"checkpoint-{self.save_at}"
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(checkpoint, dst)
+        self.checkpoint = str(dst)
+
+    def write(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        body = {"role": self.role, "save_at": self.save_at, "stop_at": self.stop_at,
+                "first_step": self.first_step, "checkpoint": self.checkpoint,
+                "steps": self.steps, "notes": self.notes}
+        (self.dir / f"{self.role}.json").write_text(json.dumps(body, indent=1))

@@ -1,0 +1,175 @@
+"""The restore proof of the user's own HF Trainer script (`tunepilot restore --trainer hf -- CMD`).
+
+The script adds ``TunepilotCallback()`` and passes ``resume_from()`` to
+``trainer.train(resume_from_checkpoint=...)``; nothing else changes. tunepilot runs it twice
+(integrations/proof.py has the variables that steer the callback):
+1. the reference: K + M steps, a checkpoint after step K (copied aside), every step's batch
+   fingerprints, summed loss bits and LR recorded;
+2. a fresh process resuming from checkpoint K, stopped after step K + M, recording the same.
+The checkpoint is checked for what resuming needs (checkpoint/hf.py), then the M continued steps
+are compared: other batches name the data position (e.g. ``ignore_data_skip=True``), another
+LR the scheduler, the same batches and LR with another loss the RNG streams or the optimizer
+state. Bit-exact on CPU; on a GPU within GPU_LOSS_RTOL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tunepilot.errors import UserError
+from tunepilot.integrations import proof as pf
+from tunepilot.restore import compare as cmp
+from tunepilot.results.figure import Figure
+from tunepilot.results.restore import (
+    CheckpointRef,
+    ComponentCheck,
+    Determinism,
+    RestoreResult,
+    StepRecord,
+    Trajectories,
+)
+
+RUN_TIMEOUT_S = 3600
+
+
+def verify_trainer_restore(cmd: list[str], out: Path, *, trainer: str = "hf",
+                           steps_before: int = 4, steps_after: int = 4,
+                           progress=None) -> RestoreResult:
+    from tunepilot.restore.proof import check_steps
+    from tunepilot.store import RunDir, read_json
+
+    say = progress or (lambda msg: None)
+    check_steps(steps_before, steps_after)
+    if trainer != "hf":
+        raise UserError("--trainer", f"{trainer!r}: only hf (transformers.Trainer, TRL, "
+                        "axolotl) has a resume proof so far.",
+                        "Use --trainer hf, or prove a Lightning run by hand with verify.")
+    run = RunDir(out)
+    proof_dir = run.path / "trainer-restore"
+    proof_dir.mkdir(parents=True, exist_ok=True)
+    k, total = steps_before, steps_before + steps_after
+    env = {pf.PROOF_ENV: str(proof_dir.resolve()), pf.SAVE_AT_ENV: str(k),
+           pf.STOP_AT_ENV: str(total)}
+    base = dict(steps_before=k, steps_after=steps_after, trainer="hf",
+                device={"kind": "the script's own"},
+                deterministic=Determinism(requested=False, held=False))
+    for role in ("reference", "resumed"):
+        (proof_dir / f"{role}.json").unlink(missing_ok=True)
+    say(f"reference: {' '.join(cmd)} ({total} steps, a checkpoint after step {k})")
+    failed = _run(cmd, {**env, pf.ROLE_ENV: "reference"}, run, "reference")
+    if failed:
+        return _failed(run, base, "reference_run", failed)
+    ref_file = proof_dir / "reference.json"
+    if not ref_file.is_file():
+        return _failed(run, base, "callback", "the script ran without TunepilotCallback: add "
+                       "callbacks=[TunepilotCallback()] to its Trainer")
+    ref = read_json(ref_file)
+    if not ref.get("checkpoint") or len(ref["steps"]) < total:
+        return _failed(run, base, "reference_run", f"the reference ran {len(ref['steps'])} "
+                       f"steps and saved {'no checkpoint' if not ref.get('checkpoint') else ''}"
+                       f" - it needs max_steps >= {total}")
+    ck = Path(ref["checkpoint"])
+    problems = _checkpoint_checks(ck)
+    say(f"resumed: a fresh process from {ck.name}")
+    failed = _run(cmd, {**env, pf.ROLE_ENV: "resumed", pf.PROOF_CHECKPOINT_ENV: str(ck)}, run,
+                  "resumed")
+    if failed:
+        return _failed(run, base, "fresh_process", failed, problems)
+    got = read_json(proof_dir / "resumed.json")
+    return _verdict(run, base, ref, got, ck, problems, k)
+
+
+def _run(cmd: list[str], env: dict[str, str], run, role: str) -> str | None:
+    """Run the script; None when it exited 0, else why (with its log's last line)."""
+    log = run.logs_dir() / f"trainer-restore-{role}.log"
+    try:
+        with open(log, "wb") as f:
+            proc = subprocess.run(cmd, env={**os.environ, **env}, stdout=f,
+                                  stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+    except OSError as exc:  # not found, not executable
+        raise UserError("CMD", f"{cmd[0]!r} cannot be run ({exc.strerror or exc}).",
+                        "Check the command after -- (e.g. python train.py).") from None
+    except subprocess.TimeoutExpired:
+        return f"the {role} run took over {RUN_TIMEOUT_S} s"
+    if proc.returncode:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return f"the {role} run exited with code {proc.returncode}: {tail[0][:300]} (see {log})"
+    return None
+
+
+def _checkpoint_checks(ck: Path) -> list[ComponentCheck]:
+    from tunepilot.checkpoint.hf import hf_layout
+
+    files, problems = hf_layout(ck)
+    checks = [ComponentCheck(name=c, passed=False, rank=r, detail=f"{f or c}: {msg}")
+              for c, f, msg, r in problems]
+    if not checks:
+        n = sum(len(v) for v in files.values())
+        checks.append(ComponentCheck(name=cmp.CHECKSUMS, passed=True, detail=f"{ck.name}: "
+                                     f"weights, optimizer, scheduler, RNG ({len(files['rng'])}"
+                                     f" file(s)) and trainer state present ({n} files)"))
+    return checks
+
+
+def _records(body: dict, first: int) -> list[StepRecord]:
+    return [StepRecord(step=s["step"], loss=s["loss"] or 0.0, loss_bits=s["loss_bits"] or "",
+                       lr=s["lr"] or 0.0, lr_bits=s["lr_bits"] or "",
+                       fingerprints=s["fingerprints"])
+            for s in body["steps"] if s["step"] > first]
+
+
+def _verdict(run, base: dict, ref: dict, got: dict, ck: Path, problems: list[ComponentCheck],
+             k: int) -> RestoreResult:
+    checks = list(problems)
+    if got.get("first_step") != k + 1:
+        checks.append(ComponentCheck(name=cmp.PROGRESS, passed=False, detail=(
+            f"the fresh process started at step {got.get('first_step')}, not {k + 1}: pass "
+            "resume_from() to trainer.train(resume_from_checkpoint=...)")))
+    else:
+        checks.append(ComponentCheck(name=cmp.PROGRESS, passed=True,
+                                     detail=f"resumed at step {k + 1}"))
+    a = _records(ref, k)
+    b = [r for r in _records(got, k)]
+    traj, divergence, max_diff = cmp.compare_steps(a, b, None)
+    by = {c.name: c for c in traj}
+    if not by[cmp.BATCHES].passed:
+        checks.append(ComponentCheck(name=cmp.DATA, passed=False, detail=(
+            f"{by[cmp.BATCHES].detail}: the data position was not restored (the resumed run "
+            "trained on other samples - e.g. ignore_data_skip=True, or a sampler or iterable "
+            "dataset that does not skip what was consumed)")))
+    else:
+        checks.append(ComponentCheck(name=cmp.DATA, passed=True,
+                                     detail="every continued step trained on the same batches"))
+    if not by[cmp.LR].passed:
+        checks.append(ComponentCheck(name=cmp.SCHEDULER, passed=False, detail=(
+            f"{by[cmp.LR].detail}: the LR schedule was not restored (scheduler.pt)")))
+    else:
+        checks.append(ComponentCheck(name=cmp.SCHEDULER, passed=True,
+                                     detail="every continued step had the same LR (bits)"))
+    loss = by[cmp.LOSS]
+    if not loss.passed and by[cmp.BATCHES].passed and by[cmp.LR].passed:
+        loss = ComponentCheck(name=cmp.LOSS, passed=False, detail=(
+            f"{loss.detail}: same batches and LR, another loss - the RNG streams (dropout) or "
+            "the optimizer state were not restored"))
+    checks.append(loss)
+    result = RestoreResult(
+        passed=all(c.passed for c in checks), components=checks, first_divergence=divergence,
+        checkpoint=CheckpointRef(path=str(ck), kind="hf-trainer",
+                                 files=sum(1 for p in ck.rglob("*") if p.is_file()), step=k),
+        checkpoint_bytes=Figure.measured(sum(p.stat().st_size for p in ck.rglob("*")
+                                             if p.is_file()), "bytes"),
+        loss_max_abs_diff=Figure.measured(max_diff, "nats/token"),
+        steps=Trajectories(original=a, restored=b), tolerance="bit-exact (same machine)",
+        **base)
+    run.write(result)
+    return result
+
+
+def _failed(run, base: dict, component: str, detail: str,
+            extra: list[ComponentCheck] | None = None) -> RestoreResult:
+    result = RestoreResult(passed=False, components=[
+        ComponentCheck(name=component, passed=False, detail=detail), *(extra or [])], **base)
+    run.write(result)
+    return result
