@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch, pinned for the test/CI set-up only (the package itself does not pin torch).
 TORCH_CPU := torch==2.13.0
 
-.PHONY: venv browser demo test lint bench clean
+.PHONY: venv skyvenv browser demo test lint bench clean
 
 $(BIN)/tunepilot: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,17 @@ $(BIN)/tunepilot: pyproject.toml
 
 venv: $(BIN)/tunepilot
 
+# SkyPilot in a venv of its own: its pins clash with huggingface-hub's; the launch test runs
+# SkyPilot's own task parser (sky.Task.from_yaml) there. No cloud is contacted.
+SKY := .venv-sky
+$(SKY)/bin/sky:
+	$(PY) -m venv $(SKY)
+	$(SKY)/bin/python -m pip install -q --upgrade pip
+	$(SKY)/bin/python -m pip install -q "skypilot==0.14.1"
+	@touch $@
+
+skyvenv: $(SKY)/bin/sky
+
 demo: venv
 	$(BIN)/tunepilot demo
 
@@ -25,7 +36,7 @@ demo: venv
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will skip"
 
-test: venv browser
+test: venv browser skyvenv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
@@ -33,4 +44,4 @@ bench: venv
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(SKY) runs

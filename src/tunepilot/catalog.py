@@ -161,6 +161,13 @@ class Pricing(_Model):
     options: dict[str, OptionPrice] = Field(default_factory=dict)
     source: str = Field(min_length=1)
     as_of: AsOf
+    spot_usd_per_hour: Money | None = None
+    """an interruptible (spot/preemptible) rate, where the price table lists one"""
+    spot_source: str | None = None
+    instance_type: str | None = None
+    """the instance the price is of (an imported price table), e.g. p5.48xlarge"""
+    region: str | None = None
+    instance_accelerators: int | None = Field(default=None, ge=1)
 
     def term(self, name: str) -> Term:
         """The term called ``name`` (week, month, ...); UserError listing the known ones."""
@@ -329,12 +336,22 @@ def _overlay(shipped: Catalog, user: _UserCatalogFile, path: Path) -> Catalog:
             raise UserError(f"catalog.cards[{i}].id", f"in {path}, cards[{overridden_by[target.id]}]"
                             f" and cards[{i}] both override {target.id}.", "Merge them into one.")
         overridden_by[target.id] = i
-        merged = {**target.model_dump(), **entry, "id": target.id}
+        merged = {**_deep_merge(target.model_dump(), entry), "id": target.id}
         if "memory_gb" in entry and "memory_bytes" not in entry:
             del merged["memory_bytes"]  # derive it from the user's memory_gb
         cards[position[target.id]] = _validate(Card, merged, path, ("cards", i))
     return _validate(Catalog, {"schema_version": SCHEMA_VERSION, "as_of": user.as_of or shipped.as_of,
                                "note": user.note or shipped.note, "cards": cards}, path)
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    """``override`` over ``base``: mappings merged key by key (a partial override only needs the
+    keys it changes), anything else replaced."""
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) \
+            else v
+    return out
 
 
 STALE_AFTER_DAYS = 30

@@ -61,3 +61,113 @@ def import_(
     from tunepilot.views.tools import render_import
 
     render_import(result, out)
+
+
+catalog_app = typer.Typer(help="Catalogs of cards and prices.", no_args_is_help=True)
+app.add_typer(catalog_app, name="catalog")
+
+
+class CatalogSource(str, Enum):
+    skypilot = "skypilot"
+
+
+@catalog_app.command("import")
+def catalog_import(
+    file: Annotated[Path, typer.Argument(help="A SkyPilot catalog CSV (vms.csv of a cloud).")],
+    out: Annotated[Path, typer.Option("--out", help="The catalog YAML to write (use it with "
+                                      "--catalog everywhere).")],
+    source: Annotated[CatalogSource, typer.Option("--from", help="The table's format.")] =
+    CatalogSource.skypilot,
+    region: Annotated[str | None, typer.Option(
+        "--region", help="Prices of this region (default: the cheapest region per card).")] = None,
+    as_of: Annotated[str | None, typer.Option(
+        "--as-of", help="The prices' date, YYYY-MM-DD (default: the file's date).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Read a price table into a partial override catalog: per card the on-demand price per
+    card-hour (Price / AcceleratorCount, the cheapest region unless --region), the spot price on
+    its own line, the instance type and region. Card facts (memory, peak FLOP/s) stay
+    tunepilot's own; the table's GPU memory is checked against them; accelerators without facts
+    are listed as unknown, not invented.
+
+    Example: tunepilot catalog import ~/.sky/catalogs/v7/aws/vms.csv --out aws.yaml
+    """
+    from tunepilot.integrations.skypilot import import_vms_csv, write_catalog
+
+    result = import_vms_csv(file, region=region, as_of=_check_date(as_of))
+    write_catalog(result, out)
+    if as_json:
+        emit_json(result.to_dict() | {"written": str(out)})
+        return
+    from tunepilot.views.tools import render_catalog_import
+
+    render_catalog_import(result, out)
+
+
+def _check_date(text: str | None) -> str | None:
+    from datetime import date
+
+    from tunepilot.errors import UserError
+
+    if text is None:
+        return None
+    try:
+        return date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise UserError("--as-of", f"{text!r} is not a date.", "Use YYYY-MM-DD.") from None
+
+
+class Via(str, Enum):
+    skypilot = "skypilot"
+    slurm = "slurm"
+
+
+@app.command()
+def launch(
+    spec: Annotated[Path, typer.Argument(help="The run spec (or a trainer config).")],
+    card: Annotated[str, typer.Option("--card", help="The card to pilot on, e.g. h100.")],
+    via: Annotated[str, typer.Option("--via", help="skypilot or slurm.")],
+    out: Annotated[Path, typer.Option("--out", help="The task YAML / sbatch script to write.")],
+    count: Annotated[int, typer.Option("--count", min=1, max=4096, help="Cards.")] = 1,
+    hours: Annotated[str | None, typer.Option("--hours", help="Term to quote (and Slurm "
+                                              "--time), e.g. 24.")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(
+        "--gpus-per-node", min=1, max=64, help="GPUs per node (default: min(count, 8)).")] = None,
+    install: Annotated[str, typer.Option(
+        "--install", help="How the node installs tunepilot (next to its own torch).")] =
+    'pip install "tunepilot[torch,gpu]"',
+    submit: Annotated[bool, typer.Option("--submit", help="Submit it (sky launch / sbatch; "
+                                         "only when installed).")] = False,
+    catalog: Annotated[Path | None, typer.Option("--catalog", help="A catalog YAML.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write (and with --submit, submit) a SkyPilot task or an sbatch script that runs the
+    staged pilot on CARD x COUNT and brings the run directory back; then `quote --from` uses what
+    was measured on that card.
+
+    Example: tunepilot launch examples/llama3-8b-lora.yaml --card h100 --count 1 --via skypilot --out pilot.sky.yaml
+    """
+    from tunepilot.catalog import load_catalog
+    from tunepilot.cli.common import load_run_spec
+    from tunepilot.cost.terms import parse_duration
+    from tunepilot.integrations.launch import plan_launch
+    from tunepilot.integrations.launch import submit as do_submit
+    from tunepilot.store import atomic_write_bytes
+
+    run_spec = load_run_spec(spec, quiet=as_json)
+    the_card = load_catalog(catalog).get(card)
+    term_s = parse_duration(hours, None, required=False)
+    h = float(term_s) / 3600 if term_s else None
+    text, plan = plan_launch(spec, run_spec, the_card, count=count, via=via, out=out, hours=h,
+                             gpus_per_node=gpus_per_node, install=install)
+    atomic_write_bytes(out, text.encode())
+    if via == "slurm":
+        out.chmod(0o755)
+    if submit:
+        plan.submitted = do_submit(via, out)
+    if as_json:
+        emit_json(plan.to_dict())
+        return
+    from tunepilot.views.tools import render_launch
+
+    render_launch(plan)

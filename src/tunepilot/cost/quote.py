@@ -337,6 +337,7 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
     if term.term_s < job.value:
         notes.append(f"the term is {(job.value - term.term_s) / 3600:,.1f} h short: it delivers "
                      f"{share:.0%} of the target")
+    notes += _spot_note(card, count, term.term_s)
     return Quote(
         spec_label=ctx.spec.label, spec_hash=ctx.spec.spec_hash(), card_id=card.id, count=count,
         strategy=strategy, target_useful_tokens=target, optimizer_steps=steps,
@@ -355,6 +356,18 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
         run_dir=ctx.run.source() if ctx.run else None,
         padding=_padding(ctx, terms),
         notes=notes + (ctx.run.notes if ctx.run else []))
+
+
+def _spot_note(card: Card, count: int, term_s: int) -> list[str]:
+    """The imported spot rate on its own line: what the same term would cost, interruptible."""
+    p = card.pricing
+    if p.spot_usd_per_hour is None:
+        return []
+    billed = math.ceil(term_s / p.billing_increment_s) * p.billing_increment_s
+    cents = math.ceil(count * Decimal(billed) / 3600 * p.spot_usd_per_hour * 100)
+    where = p.spot_source or "imported"
+    return [f"spot (interruptible) rate ${p.spot_usd_per_hour}/card-hour ({where}): this term at spot would cost ${Decimal(cents) / 100:,.2f} (not the "
+            "quote: a spot card can be reclaimed mid-run; checkpoint and restore-proof first)"]
 
 
 def _padding(ctx: _Ctx, terms: list[TimeTerm]) -> dict | None:

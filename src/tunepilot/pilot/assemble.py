@@ -55,7 +55,7 @@ def assemble(s) -> PilotResult:
         fits=fits, verdict=f"{'fits' if fits else 'does not fit'} at micro_batch={b}, seq={seq}",
         does_not_fit=None if fits else _does_not_fit(s, b, seq),
         device=DeviceBlock(**s.device.summary(), count=s.device.count,
-                           memory=M(s.device.memory_bytes, "bytes", "not reported")),
+                           memory=M(s.device.memory_bytes, "bytes", why="not reported")),
         run=_run_block(s), params={k: M(v, "count") for k, v in (s.params or {}).items()},
         data=_data_block(s), timings=_timings(s), steps=_steps_block(s),
         step_time=_step_time(s, why), split=_split(s, why), data_wait=_data_wait(s, why),
@@ -118,19 +118,19 @@ def _timings(s) -> Timings:
                                        if s.does_not_fit else "not written")
     nbytes, secs = ck.get("bytes"), ck.get("seconds")
     return Timings(
-        model_load_s=M(t.get("model_load_s"), "s", "the model did not load",
+        model_load_s=M(t.get("model_load_s"), "s", why="the model did not load",
                        covers="model build and load, optimizer, scheduler and data loader"),
-        setup_s=M(t.get("setup_s"), "s", "set-up did not complete",
+        setup_s=M(t.get("setup_s"), "s", why="set-up did not complete",
                   covers="device probe, plan, data read + tokenisation (not the model load, "
                          "not warm-up)"),
-        warmup_s=M(t.get("warmup_s"), "s", "warm-up did not complete"),
-        measure_s=M(t.get("measure_s"), "s", "no measured steps"),
+        warmup_s=M(t.get("warmup_s"), "s", why="warm-up did not complete"),
+        measure_s=M(t.get("measure_s"), "s", why="no measured steps"),
         validation_pass_s=M((s.validation or {}).get("seconds"), "s",
-                            "no validation pass (the run did not fit)"),
-        checkpoint_write_s=M(secs, "s", why_ck), checkpoint_bytes=M(nbytes, "bytes", why_ck),
-        checkpoint_bytes_per_s=M(nbytes / secs if nbytes and secs else None, "bytes/s", why_ck),
+                            why="no validation pass (the run did not fit)"),
+        checkpoint_write_s=M(secs, "s", why=why_ck), checkpoint_bytes=M(nbytes, "bytes", why=why_ck),
+        checkpoint_bytes_per_s=M(nbytes / secs if nbytes and secs else None, "bytes/s", why=why_ck),
         checkpoint_method=ck.get("method"),
-        pilot_total_s=M(t.get("pilot_total_s"), "s", "not finished"))
+        pilot_total_s=M(t.get("pilot_total_s"), "s", why="not finished"))
 
 
 def _steps_block(s) -> StepsBlock:
@@ -140,7 +140,7 @@ def _steps_block(s) -> StepsBlock:
     return StepsBlock(
         warmup=M(len(s.warmup), "steps"), measured=M(len(s.steps), "steps"),
         stop_rule=rule.describe() if rule else None, stopped_because=s.stopped_because,
-        ci95_relative=M(ci, "fraction", "fewer than 2 measured steps"),
+        ci95_relative=M(ci, "fraction", why="fewer than 2 measured steps"),
         warmup_steps=[WarmupStep(wall_s=M(w.wall_s, "s"), loss=w.loss) for w in s.warmup],
         confidence=_confidence(ci, s.load))
 
@@ -261,15 +261,15 @@ def _memory(s) -> MemoryBlock:
     a = s.allocator
     if s.gpu:
         allocator = AllocatorMemory(
-            peak_allocated_bytes=M(a.get("steady_peak_allocated_bytes"), "bytes", "no steps ran",
+            peak_allocated_bytes=M(a.get("steady_peak_allocated_bytes"), "bytes", why="no steps ran",
                                    covers="steady state: warm-up step 2 onwards (the plan's "
                                           "step 2+)"),
-            peak_reserved_bytes=M(a.get("steady_peak_reserved_bytes"), "bytes", "no steps ran"),
+            peak_reserved_bytes=M(a.get("steady_peak_reserved_bytes"), "bytes", why="no steps ran"),
             first_step_peak_allocated_bytes=M(
-                a.get("first_step_peak_allocated_bytes"), "bytes", "no steps ran",
+                a.get("first_step_peak_allocated_bytes"), "bytes", why="no steps ran",
                 covers="model load + warm-up step 1 (creates the optimizer state)"),
             model_load_peak_allocated_bytes=M(a.get("model_load_peak_allocated_bytes"), "bytes",
-                                              "the model did not load"),
+                                              why="the model did not load"),
             num_alloc_retries=M(a.get("num_alloc_retries", 0), "count"),
             num_ooms=M(a.get("num_ooms", 0), "count"))
     else:
@@ -310,7 +310,7 @@ def _tracked(s) -> TrackedMemory:
     seen = mem is not None or s.options.memory_limit_bytes
     out = TrackedMemory(
         peak_bytes=M(s.tracked_peak_bytes if seen else None, "bytes",
-                     "the memory-probe step did not run"),
+                     why="the memory-probe step did not run"),
         method="TorchDispatchMode over every ATen op: distinct storages returned by ops, freed "
                "by weakref callbacks (kernel-internal scratch is not seen); on from warm-up "
                "step 2 (and on every step with --memory-limit)")

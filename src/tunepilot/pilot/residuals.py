@@ -20,7 +20,7 @@ def device_memory(s) -> DeviceMemory:
             source=r.source, baseline_bytes=M(r.baseline_bytes, "bytes"),
             peak_bytes=M(r.peak_bytes, "bytes"), peak_minus_baseline_bytes=M(delta, "bytes"),
             gap_bytes=M(delta - reserved if reserved is not None else None, "bytes",
-                        "no allocator reading", covers="device-wide peak minus the allocator's "
+                        why="no allocator reading", covers="device-wide peak minus the allocator's "
                         "reserved peak: runtime context, cuBLAS/cuDNN workspaces, NCCL "
                         "buffers, other processes' growth"),
             interval_s=r.interval_s, num_samples=r.num_samples)
@@ -69,7 +69,7 @@ def plan_vs_measured(s) -> PlanVsMeasured:
     for name, planned, measured, what in _rows(s):
         row = Residual(planned=Figure.projected(planned, "bytes",
                                                 f"{plan.fidelity} plan, {plan.stack} stack"),
-                       measured=M(measured, "bytes", "not measured (the run did not fit)"),
+                       measured=M(measured, "bytes", why="not measured (the run did not fit)"),
                        what=what)
         if measured is not None:
             row.residual_bytes = M(measured - planned, "bytes", rule="measured - planned")

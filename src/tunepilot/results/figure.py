@@ -46,12 +46,13 @@ class Figure(BaseModel):
         return self.value is not None
 
     @classmethod
-    def measured(cls, value: Any, unit: str, why: str | None = None, *, how: str | None = None,
+    def measured(cls, value: Any, unit: str, how: str | None = None, *, why: str | None = None,
                  **extra: Any) -> Figure:
-        """Measured here. ``why``: the reason a missing value (None) is "not measured" - it never
-        labels a value that was measured; ``how``: how a measured value was obtained."""
+        """Measured here. ``how``: how it was obtained (for old callers also the reason when the
+        value is missing); ``why``: only the reason a missing value (None) is "not measured" -
+        it never labels a value that was measured."""
         if value is None:
-            return cls.missing(unit, why or "not measured", **extra)
+            return cls.missing(unit, why or how or "not measured", **extra)
         return cls(value=value, unit=unit, basis=MEASURED, how=how, **_plain(extra))
 
     @classmethod

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from rich.markup import escape
 
-from tunepilot.views.common import console, table
+from tunepilot.views.common import console, notes, table
 
 _NAMES = {"axolotl": "an axolotl", "llamafactory": "a LLaMA-Factory", "trl": "a TRL `trl sft`",
           "hf": "a TrainingArguments"}
@@ -30,3 +30,39 @@ def render_import(result, out: Path | None) -> None:
         console.print(f"wrote {out}: tunepilot plan {out}")
     else:
         console.print(escape(yaml.safe_dump(result.spec_dict, sort_keys=False)))
+
+
+def render_catalog_import(result, out) -> None:
+    """`tunepilot catalog import`: the prices read, the traps warned about, the unknowns."""
+    t = table(f"Prices from {result.source} (as of {result.as_of})",
+              ["card", "on-demand $/card-hour", "spot $/card-hour", "instance", "region"],
+              ("on-demand $/card-hour", "spot $/card-hour"))
+    for c in result.cards:
+        p = c["pricing"]
+        t.add_row(c["id"], p["on_demand_usd_per_hour"], p.get("spot_usd_per_hour") or "-",
+                  escape(p.get("instance_type") or "-"), escape(p.get("region") or "-"))
+    console.print(t)
+    for w in result.warnings:
+        console.print(f"[yellow]warning[/yellow]: {escape(w)}")
+    for u in result.unknown:
+        console.print(f"unknown accelerator {escape(u['accelerator'])} "
+                      f"({', '.join(u['instances'][:3])}): {escape(u['missing'])}")
+    console.print(f"{result.rows} rows read, {result.skipped_rows} skipped (no accelerator or no "
+                  f"price); wrote {escape(str(out))}: pass it as --catalog")
+
+
+def render_launch(plan) -> None:
+    """`tunepilot launch`: what was written and the commands after the job."""
+    console.print(f"wrote {escape(plan.out)}: {plan.via}, {plan.count} x {plan.card} "
+                  f"({plan.nodes} node(s) x {plan.gpus_per_node} GPU(s)); run directory "
+                  f"{escape(plan.run_dir)}")
+    if plan.submitted is not None:
+        console.print(f"submitted: {escape(plan.submitted)}")
+    else:
+        how = (f"sky launch -c <name> {plan.out}" if plan.via == "skypilot" else
+               f"sbatch {plan.out}")
+        console.print(f"submit it: {escape(how)}  (or pass --submit)")
+    console.print("after the job:")
+    for c in plan.commands_after:
+        console.print(f"  {escape(c)}")
+    notes(plan.notes)
