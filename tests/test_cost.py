@@ -174,7 +174,9 @@ def test_flops_per_token_follow_palm_appendix_b():
     q = quote(LORA_8B, card_id="h200", count=1, term_s=72 * H)
     trainable, frozen = 6_815_744, 8_030_261_248 - 525_336_576  # the input embedding is a lookup
     flops = 6 * trainable + 4 * frozen + 12 * 32 * 32 * 128 * 4096
-    mfu = cost_model()["mfu_assumed"]["by_method"]["lora"]
+    from tunepilot.cost.mfu import estimate
+
+    mfu = estimate("transformers", "h200-sxm-141gb", "lora", "none", False).mfu
     one = q.throughput["per_card"]
     assert one.basis == PROJECTED and "MFU" in one.how and "PaLM" in one.how
     assert one.value == pytest.approx(mfu * 989.4e12 / flops, rel=1e-9)
@@ -337,3 +339,24 @@ def test_quote_json_marks_every_figure(tmp_path):
         f for t in d["time_terms"] for f in (t["each"], t["total"])]
     assert all(f["basis"] in (MEASURED, PROJECTED) and f["unit"] and f["how"] for f in figures)
     assert isinstance(d["term"]["total_cents"], int) and d["term"]["total_usd"].count(".") == 1
+
+
+def test_the_throughput_model_is_per_implementation_card_and_setting_with_sources():
+    from tunepilot.cost.mfu import estimate, throughput_model
+
+    tm = throughput_model()
+    assert all(r["source"] and r["kind"] in ("published", "derived", "assumed")
+               for r in tm["measurements"])
+    h100 = estimate("transformers", "h100-sxm-80gb", "full", "none", False)
+    mi300x = estimate("transformers", "mi300x-192gb", "full", "none", False)
+    assert mi300x.mfu < h100.mfu and mi300x.basis_kind == "assumed"  # not one MFU for all
+    titan = estimate("torchtitan", "a100-sxm-80gb", "full", "none", False)
+    assert titan.basis_kind == "published" and titan.mfu > h100.mfu
+    assert estimate("torchtitan", "a100-sxm-80gb", "full", "full", False).mfu == \
+        pytest.approx(titan.mfu * 0.75)  # recompute is HFU, not MFU
+    assert estimate("torchtitan", "a100-sxm-80gb", "full", "none", True).mfu > titan.mfu
+    assert estimate("torchtitan", "a100-sxm-80gb", "lora", "none", False).mfu < titan.mfu
+    q = quote(LORA_8B.with_changes(model={"preset": "llama-3-8b", "implementation": "megatron"}),
+              card_id="h100", count=1, term_s=72 * H)
+    how = q.throughput["per_card"].how
+    assert "megatron" in how and "Megatron-LM README" in how

@@ -1,14 +1,136 @@
-"""The MFU a quote assumes when no pilot measured this run's throughput."""
+"""The MFU a quote projects with when no pilot measured this run's throughput: the throughput
+model of resources/throughput_model.yaml - by implementation, card family, method, activation
+checkpointing and torch.compile, each value a published measurement re-expressed in tunepilot's
+FLOP count (or derived / assumed, and said so).
+
+A published row is normalised to one card, no checkpointing, no compile (dividing by the
+scaling efficiency at its GPU count and by its checkpointing and compile factors); the run's MFU
+is that base times the run's own factors. MFU counts model FLOPs only: recomputation is hardware
+FLOPs (HFU), so checkpointing lowers MFU while the hardware stays as busy.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
+
+import yaml
+
 from tunepilot.catalog import Card
-from tunepilot.cost.assumptions import cost_model
+from tunepilot.cost.assumptions import efficiency_assumed
 from tunepilot.results.figure import Figure
 
+FAMILIES = ("a100", "h100", "h200", "mi300x")
+MFU_CEILING = 0.70  # no published dense BF16 training MFU above about 0.7 (a transfer chain's cap)
 
-def mfu_for(spec, card: Card, arch) -> Figure:
-    """Model FLOP utilisation assumed for the spec on the card (a projected fraction)."""
-    kind = spec.method.kind
-    mfu = float(cost_model()["mfu_assumed"]["by_method"][kind])
-    return Figure.projected(mfu, "fraction", f"assumed, cost_model.yaml mfu_assumed.{kind}")
+
+@cache
+def throughput_model() -> dict:
+    from tunepilot.resources import THROUGHPUT_MODEL_YAML
+
+    return yaml.safe_load(THROUGHPUT_MODEL_YAML.read_text(encoding="utf-8"))
+
+
+def card_family(card_id: str) -> str:
+    for f in FAMILIES:
+        if card_id.startswith(f):
+            return f
+    return card_id.split("-")[0]
+
+
+@dataclass(frozen=True)
+class MfuEstimate:
+    mfu: float
+    base: float
+    row: dict
+    factors: dict[str, float]
+    kinds: list[str]  # published / derived / assumed of every number used
+    transfer: str | None
+
+    @property
+    def basis_kind(self) -> str:
+        """'published' only when every number used was published; else the weakest."""
+        for k in ("assumed", "derived"):
+            if k in self.kinds:
+                return k
+        return "published"
+
+
+def _scaling(strategy: str, count: int) -> float:
+    if count <= 1 or strategy == "single":
+        return 1.0
+    return efficiency_assumed("fsdp" if strategy == "fsdp" else "ddp", count)
+
+
+def _row_base(row: dict, tm: dict) -> float:
+    at = row["at"]
+    ac = tm["checkpointing"][at.get("activation_checkpointing", "none")]["factor"]
+    comp = tm["torch_compile"]["factor"] if at.get("torch_compile") else 1.0
+    return row["mfu"] / (_scaling(at.get("strategy", "single"), int(at.get("count", 1)))
+                         * ac * comp)
+
+
+def _find(impl: str, family: str, tm: dict) -> tuple[dict | None, float, str | None, list[str]]:
+    rows = tm["measurements"]
+    exact = [r for r in rows if r["implementation"] == impl and r["card_family"] == family]
+    if exact:
+        return exact[0], 1.0, None, [exact[0]["kind"]]
+    for r in (r for r in rows if r["implementation"] == impl):
+        key = f"{family}_from_{r['card_family']}"
+        t = tm["family_transfer"].get(key)
+        if t is None and family == "mi300x" and r["card_family"] == "a100":
+            a = tm["family_transfer"]["h100_from_a100"]
+            m = tm["family_transfer"]["mi300x_from_h100"]
+            return r, a["factor"] * m["factor"], "mi300x_from_h100 x h100_from_a100", \
+                [r["kind"], a["kind"], m["kind"]]
+        if t is None and family == "mi300x" and r["card_family"] == "h100":
+            t = tm["family_transfer"]["mi300x_from_h100"]
+        if t is not None:
+            return r, t["factor"], key, [r["kind"], t["kind"]]
+    return None, 1.0, None, []
+
+
+def estimate(implementation: str, card_id: str, method: str, activation_checkpointing: str,
+             torch_compile: bool) -> MfuEstimate:
+    tm = throughput_model()
+    family = card_family(card_id)
+    row, transfer, how, kinds = _find(implementation, family, tm)
+    if row is None:
+        row, transfer, how, kinds = _find(tm["default_implementation"], family, tm)
+        kinds = kinds + ["assumed"]
+        how = (how + "; " if how else "") + \
+            f"no {implementation} row: {tm['default_implementation']}'s"
+    ac = tm["checkpointing"].get(activation_checkpointing, tm["checkpointing"]["full"])
+    comp = tm["torch_compile"]["factor"] if torch_compile else 1.0
+    m = tm["method"][method]
+    base = _row_base(row, tm) * transfer
+    factors = {"checkpointing": ac["factor"], "torch_compile": comp, "method": m["factor"]}
+    for f in (ac, m):
+        if f.get("kind"):
+            kinds.append(f["kind"])
+    if torch_compile:
+        kinds.append(tm["torch_compile"]["kind"])
+    mfu = min(base * ac["factor"] * comp * m["factor"], MFU_CEILING)
+    return MfuEstimate(mfu, base, row, factors, kinds, how)
+
+
+def mfu_for(spec, card: Card, arch=None) -> Figure:
+    """Model FLOP utilisation projected for the spec on one card of this kind (a fraction), with
+    the published measurement it rests on and how far this run is from it."""
+    from tunepilot.model.arch import param_counts
+
+    e = estimate(spec.model.implementation, card.id, spec.method.kind,
+                 spec.activation_checkpointing, spec.torch_compile)
+    at = e.row["at"]
+    size = f"{param_counts(arch).total / 1e9:.1f}B" if arch is not None else "this model"
+    distance = (f"this run: {size} at {spec.sequence_length} tokens on {card.id}; the "
+                f"measurement: {at['model']} at {at['sequence_length']} tokens on "
+                f"{at['count']} x {e.row['card_family']}")
+    how = (f"{e.basis_kind}: {e.row['implementation']} on {e.row['card_family']} "
+           f"{e.row['mfu']:.3g} MFU ({e.row['source'].split(':')[0].strip()}) -> one card "
+           f"{e.base:.3g}" + (f" via {e.transfer}" if e.transfer else "")
+           + f" x checkpointing {e.factors['checkpointing']:g} x compile "
+             f"{e.factors['torch_compile']:g} x {spec.method.kind} {e.factors['method']:g}")
+    return Figure.projected(e.mfu, "fraction", how, rests_on=e.row["source"],
+                            distance=distance, kind=e.basis_kind, counted="MFU (model FLOPs; "
+                            "recompute not counted)")

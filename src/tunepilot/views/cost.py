@@ -100,8 +100,12 @@ def render_compare(c: Comparison) -> None:
                 "$/M tokens (job)"))
     for rank, q in enumerate(c.rows, 1):
         f = q.throughput["total"]
+        one = q.throughput.get("per_card")
+        mfu = (one.extra("mfu") or {}) if one is not None else {}
+        kind = mfu.get("kind") if isinstance(mfu, dict) else None
+        mark = f"{f.basis[0]}" + (f", MFU {kind}" if kind and not f.is_measured else "")
         t.add_row(str(rank), q.card_id, str(q.count), q.strategy,
-                  f"{f.value:,.0f} ({f.basis[0]})", f"{q.job_s.value / 3600:,.2f} h "
+                  f"{f.value:,.0f} ({mark})", f"{q.job_s.value / 3600:,.2f} h "
                   f"({q.job_s.basis[0]})", f"{q.term.term_s / 3600:,.2f} h"
                   + (f" ({q.term.discount_term})" if q.term.discount_term else ""),
                   usd(q.term.total_cents), fmt_usd(q.cost_per_million_term_usd),
@@ -109,7 +113,9 @@ def render_compare(c: Comparison) -> None:
                   f"{sum(t.total.is_measured for t in q.time_terms)}/{len(q.time_terms)}")
     console.print(t)
     console.print("(m) measured on that card, (p) projected (see `tunepilot quote ... ` for the "
-                  "rule behind each figure). Prices are the catalog's.")
+                  "rule behind each figure); MFU published / derived / assumed: what the "
+                  "projected throughput rests on (resources/throughput_model.yaml). Prices are "
+                  "the catalog's.")
     for r in c.refused:
         console.print(f"[red]not ranked[/red] {r.card}: {escape(r.reason)}")
     for d in c.dropped:
