@@ -39,11 +39,16 @@ def test_defaults_everything_but_model():
     assert s.target.useful_tokens == 1e9
 
 
-def test_state_dtype_follows_precision():
-    assert spec_from_dict({"model": {"preset": "tiny"}, "precision": "bf16-true"}
-                          ).optimizer_state_dtype == "bf16"
-    assert spec_from_dict({"model": {"preset": "tiny"}, "precision": "bf16-mixed"}
-                          ).optimizer_state_dtype == "fp32"
+def test_state_dtype_follows_the_trained_parameters():
+    def state(**kw):
+        return spec_from_dict({"model": {"preset": "tiny"}, **kw}).optimizer_state_dtype
+
+    assert state(precision="bf16-true", method={"kind": "full"}) == "bf16"
+    assert state(precision="bf16-mixed", method={"kind": "full"}) == "fp32"
+    # LoRA: PEFT keeps the adapters in fp32 (autocast_adapter_dtype) unless adapter_dtype: bf16
+    assert state(precision="bf16-true", method={"kind": "lora"}) == "fp32"
+    assert state(precision="bf16-true", method={"kind": "lora", "adapter_dtype": "bf16"}) == \
+        "bf16"
 
 
 def test_spec_hash_ignores_the_label_but_not_settings():

@@ -190,12 +190,20 @@ def test_an_abort_in_the_child_falls_back_to_the_analytic_plan(monkeypatch):
     assert plan.cards and plan.cards[0].card == load_catalog().get("h100").id
 
 
-def test_an_error_in_the_child_falls_back_with_the_reason():
-    # bf16 optimizer state on fp32 parameters: tunepilot.training refuses it
-    spec = tiny(method={"kind": "full"}, optimizer={"name": "adamw", "state_dtype": "bf16"})
-    plan = make_traced_plan(spec, card_ids=["h100"])
+def test_an_error_in_the_child_falls_back_with_the_reason(monkeypatch):
+    monkeypatch.setenv(HOOK_ENV, "support.faults:raise_value_error")
+    plan = make_traced_plan(tiny(method={"kind": "full"}), card_ids=["h100"])
     assert plan.fidelity == "analytic"
-    assert "state_dtype" in plan.trace["fallback_reason"]
+    assert "a library refused the step" in plan.trace["fallback_reason"]
+
+
+def test_a_spec_the_step_would_refuse_is_refused_by_the_validator_first():
+    # bf16 optimizer state on fp32 parameters: refused before any plan, never "trace failed"
+    from tunepilot.errors import SpecError
+
+    with pytest.raises(SpecError) as e:
+        tiny(method={"kind": "full"}, optimizer={"name": "adamw", "state_dtype": "bf16"})
+    assert "state_dtype" in str(e.value) and "parameter dtype" in str(e.value)
 
 
 def test_cli_plan_trace_json_gives_a_traced_plan():
@@ -214,3 +222,38 @@ def test_cli_plan_trace_json_gives_a_traced_plan():
     card = load_catalog().get("h100")
     assert row["card"] == card.id and row["capacity_bytes"] == card.capacity_bytes
     assert row["fits"] and row["max_micro_batch"] > 4
+
+
+# ------------------------------------------------------------------------------ issue 13 fields
+
+def test_bf16_adapters_with_bf16_state_trace_and_agree_with_the_analytic_plan():
+    spec = tiny(method={"kind": "lora", "lora_rank": 8, "adapter_dtype": "bf16"},
+                precision="bf16-true", optimizer={"name": "adamw", "state_dtype": "bf16"})
+    plan = plan_of(spec, traced(spec))
+    assert plan.fidelity == "trace"
+    analytic = analytic_plan(spec, resolve_arch(spec))
+    trainable = plan.params.trainable
+    assert analytic.per_device.optimizer_bytes == 2 * 2 * trainable  # two bf16 moments
+    assert abs(plan.per_device.optimizer_bytes - analytic.per_device.optimizer_bytes) <= \
+        0.01 * analytic.per_device.optimizer_bytes + 64 * CUDA_BLOCK_BYTES
+    fp32 = tiny(method={"kind": "lora", "lora_rank": 8}, precision="bf16-true")
+    assert analytic_plan(fp32, resolve_arch(fp32)).per_device.optimizer_bytes == \
+        2 * 4 * trainable  # PEFT's fp32 adapters keep fp32 moments (plan and trace agree)
+
+
+def test_bf16_state_on_fp32_adapters_is_refused_by_the_spec_with_the_fix():
+    from tunepilot.errors import SpecError
+
+    with pytest.raises(SpecError) as e:
+        tiny(method={"kind": "lora"}, precision="bf16-true", optimizer={"state_dtype": "bf16"})
+    assert "adapter_dtype: bf16" in str(e.value)
+
+
+def test_selective_op_keeps_less_than_selective_and_more_than_full():
+    acts = {}
+    for ac in ("selective", "selective-op", "full"):
+        spec = tiny(method={"kind": "full"}, activation_checkpointing=ac)
+        acts[ac] = (analytic_plan(spec, resolve_arch(spec)).per_device.activations_bytes,
+                    plan_of(spec, traced(spec)).per_device.activations_bytes)
+    for i in (0, 1):  # analytic, traced
+        assert acts["full"][i] < acts["selective-op"][i] < acts["selective"][i], acts

@@ -327,15 +327,38 @@ class RunSpec(_Strict):
                 "target.epochs needs a dataset (data.source) or target.dataset_tokens (useful "
                 "tokens in one epoch): synthetic data has no epochs"
             )
+        o = self.optimizer
+        if o.name in ("adamw", "sgd") and o.state_dtype is not None and \
+                o.state_dtype != self.trainable_dtype:
+            what = (f"{self.trainable_dtype} LoRA adapters (method.adapter_dtype "
+                    f"{self.method.adapter_dtype or 'null: PEFT keeps them in fp32'})"
+                    if self.method.is_lora else f"{self.trainable_dtype} parameters under "
+                    f"precision {self.precision}")
+            fix = ("set method.adapter_dtype: bf16 for bf16 optimizer state"
+                   if self.method.is_lora and o.state_dtype == "bf16" else
+                   "remove optimizer.state_dtype or change precision")
+            raise ValueError(f"optimizer.state_dtype {o.state_dtype} on {what}: PyTorch keeps "
+                             f"optimizer state in the parameter dtype; {fix}")
         return self
+
+    @property
+    def trainable_dtype(self) -> StateDtype:
+        """The dtype of the trained parameters: LoRA adapters fp32 unless adapter_dtype: bf16
+        (PEFT's autocast_adapter_dtype); a full run's parameters bf16 under bf16-true, else
+        fp32 (mixed precision keeps fp32 parameters)."""
+        if self.method.is_lora:
+            return "bf16" if self.method.adapter_dtype == "bf16" else "fp32"
+        return "bf16" if self.precision == "bf16-true" else "fp32"
 
     # --- derived figures -------------------------------------------------------------------
     @property
     def optimizer_state_dtype(self) -> StateDtype:
-        """fp32 under fp32 and *-mixed; the parameter dtype (bf16) under bf16-true."""
+        """The trained parameters' dtype (PyTorch keeps state in it): fp32 under fp32 and
+        *-mixed, bf16 under bf16-true - for LoRA the adapters' dtype (fp32 unless
+        method.adapter_dtype: bf16)."""
         if self.optimizer.state_dtype is not None:
             return self.optimizer.state_dtype
-        return "bf16" if self.precision == "bf16-true" else "fp32"
+        return self.trainable_dtype
 
     @property
     def frozen_base_dtype(self) -> str:

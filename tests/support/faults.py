@@ -23,3 +23,8 @@ def hang_rank_1() -> None:
               flush=True)
         while True:
             time.sleep(3600)
+
+
+def raise_value_error() -> None:
+    """The child fails with an ordinary Python error (a bug, or a library refusing the step)."""
+    raise ValueError("a library refused the step (test fault)")

@@ -9,18 +9,23 @@ from tunepilot.model.arch import Arch, LinearSpec, lora_targets
 from tunepilot.model.flops import DTYPE_BYTES
 from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
 
+LITGPT_LOSS_CHUNK_TOKENS = 128  # litgpt.utils.chunked_cross_entropy(chunk_size=128)
+TORCHTUNE_LOSS_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
+COMPILE_SAVED_FRACTION = 0.8  # Inductor's min-cut partitioner: pointwise outputs recomputed
+
 
 def precision_bytes(spec: RunSpec) -> tuple[int, int, int]:
     """(compute bytes, residual-stream bytes, trainable-param bytes) for the precision.
 
     Under autocast (*-mixed) matmuls run in 16 bit while fp32 parameters keep the residual stream
     in fp32; a LoRA run's 16-bit frozen base keeps the stream in 16 bit. bf16-true is all bf16,
-    fp32 all fp32. PEFT keeps LoRA adapters in fp32 whatever the base (autocast_adapter_dtype).
+    fp32 all fp32. PEFT keeps LoRA adapters in fp32 whatever the base (autocast_adapter_dtype)
+    unless method.adapter_dtype: bf16.
     """
     cb = 4 if spec.precision == "fp32" else 2
     if spec.method.is_lora:
         sb = DTYPE_BYTES[spec.frozen_base_dtype]
-        return cb, sb, 4
+        return cb, sb, DTYPE_BYTES[spec.trainable_dtype]
     if spec.precision == "bf16-true":
         return 2, 2, 2
     return cb, 4, 4  # fp32, or *-mixed with fp32 parameters
@@ -64,7 +69,9 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
         per_norm = (4 if sb == 4 else 2) * h
     norms = arch.norms_per_layer * per_norm
     sdpa = cb * (2 * hq + 2 * hkv) + 4 * arch.num_heads
-    mlp = (3 if arch.mlp_kind == "gated" else 1) * cb * i * k
+    # Megatron-core's fused bias-SwiGLU saves only its (gate, up) input: 2 x i, not 3 x i
+    gated = 2 if spec.model.implementation == "megatron" else 3
+    mlp = (gated if arch.mlp_kind == "gated" else 1) * cb * i * k
     if arch.num_experts > 1:
         mlp += cb * h * k + 4 * arch.num_experts  # tokens gathered per expert + router logits
     total = norms + sdpa + mlp
@@ -83,7 +90,8 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
     its output (cb) per input feature per adapter; lora_A's output (r values) is saved for
     lora_B."""
     r = spec.method.lora_rank or 0
-    per_feature = 4 if spec.precision == "bf16-true" else cb
+    fp32_adapters = spec.trainable_dtype == "fp32"
+    per_feature = 4 if spec.precision == "bf16-true" and fp32_adapters else cb
     extra = 0
     inputs: dict[str, int] = {}
     for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
@@ -99,11 +107,14 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
     """(saved activations of all layers at the end of forward, one layer's working set).
 
     full checkpointing keeps only each layer's input (sb*h per token) and recomputes one layer at
-    a time in backward; selective (op-level SAC as torchtitan does it) keeps matmul and SDPA
-    outputs and recomputes the elementwise ops.
+    a time in backward; selective (op-level SAC) keeps matmul and SDPA outputs and recomputes
+    the elementwise ops; selective-op (torchtitan's per-op SAC) keeps only every other matmul
+    output of a layer, and the SDPA outputs.
     """
     h = arch.hidden_size
     per_layer = layer_activation_bytes_per_token(arch, spec, cb, sb) * tokens
+    if spec.torch_compile:  # modelled, not traced: the trace runs eager
+        per_layer = int(per_layer * COMPILE_SAVED_FRACTION)
     L = arch.num_layers
     ac = spec.activation_checkpointing
     if ac == "none":
@@ -113,8 +124,14 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
     hq = arch.num_heads * arch.head_dim
     hkv = arch.num_kv_heads * arch.head_dim
     k = arch.experts_per_token if arch.num_experts > 1 else 1
-    mm_outs = cb * (hq + 2 * hkv + h + h) + cb * arch.intermediate_size * k * (
-        2 if arch.mlp_kind == "gated" else 1)
+    inter = arch.intermediate_size * k
+    if ac == "selective-op":
+        # torchtitan's per-op SAC: the layer's 1st, 3rd, 5th, ... matmul output is kept, every
+        # second one recomputed: q, v, gate, down kept (k, o, up recomputed); non-gated: q, v, fc1
+        mm_outs = cb * (hq + hkv + inter + (h if arch.mlp_kind == "gated" else 0))
+    else:
+        mm_outs = cb * (hq + 2 * hkv + h + h) + cb * inter * (
+            2 if arch.mlp_kind == "gated" else 1)
     kept = (sb * h + mm_outs + cb * hq + 4 * arch.num_heads) * tokens
     return L * kept, per_layer
 
@@ -122,16 +139,47 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
 def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, int]:
     """(logits bytes retained at the loss, cross-entropy transient in the loss backward).
 
-    HF computes logits (cb*V per token), upcasts them to fp32 for the loss, and log_softmax saves
-    its fp32 output (4V); the 16-bit logits die with the model output when only the loss is kept
-    (tunepilot's step keeps only the loss). In the loss backward the fp32 gradients of
-    log_softmax's output and of its input exist together (2 x 4V). A chunked loss (recomputed per
-    chunk) holds this for CHUNKED_LOSS_TOKENS at a time instead of all tokens.
+    transformers computes logits (cb*V per token), upcasts them to fp32 for the loss, and
+    log_softmax saves its fp32 output (4V); the 16-bit logits die with the model output when only
+    the loss is kept (tunepilot's step keeps only the loss). In the loss backward the fp32
+    gradients of log_softmax's output and of its input exist together (2 x 4V). A chunked loss
+    (recomputed per chunk) holds this for CHUNKED_LOSS_TOKENS at a time instead of all tokens.
+    Other implementations (model.implementation): LitGPT's chunked cross-entropy (128-token
+    chunks of the lm_head output, kept in 16 bit), torchtune's 8-chunk fp32 loss (16-bit
+    logits of all tokens kept, each chunk upcast), Megatron's fused cross-entropy (16-bit logits,
+    no fp32 copy); torchtitan computes it as transformers does. sequence-classification: a
+    num_labels head on the last token - no vocabulary-sized logits at all.
     """
     V = arch.vocab_size
-    t = min(tokens, CHUNKED_LOSS_TOKENS) if spec.chunked_loss else tokens
-    retained = 4 * V * t
-    transient = 8 * V * t
-    if spec.chunked_loss:  # the final hidden states are kept for the recompute
-        retained += cb * arch.hidden_size * tokens
-    return retained, transient
+    impl = spec.model.implementation
+    if spec.model.task == "sequence-classification":
+        n = spec.model.num_labels * spec.micro_batch_size
+        return 4 * n, 8 * n
+    if spec.chunked_loss or impl == "litgpt":
+        chunk = CHUNKED_LOSS_TOKENS if spec.chunked_loss else LITGPT_LOSS_CHUNK_TOKENS
+        t = min(tokens, chunk)
+        retained = 4 * V * t + cb * arch.hidden_size * tokens  # hidden states for the recompute
+        return retained, 8 * V * t
+    if impl == "torchtune":
+        t = max(1, tokens // TORCHTUNE_LOSS_CHUNKS)
+        return cb * V * tokens + 4 * V * t, 8 * V * t
+    if impl == "megatron":
+        return cb * V * tokens, 2 * cb * V * tokens
+    return 4 * V * tokens, 8 * V * tokens
+
+
+def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
+    """The lm_head output and its fp32 upcast alive at the end of the forward (per chunk where
+    the loss is chunked; 16 bit only for Megatron's fused loss; none for classification)."""
+    V = arch.vocab_size
+    impl = spec.model.implementation
+    if spec.model.task == "sequence-classification":
+        return 4 * spec.model.num_labels * spec.micro_batch_size
+    if spec.chunked_loss or impl == "litgpt":
+        chunk = CHUNKED_LOSS_TOKENS if spec.chunked_loss else LITGPT_LOSS_CHUNK_TOKENS
+        return (cb + 4) * V * min(tokens, chunk)
+    if impl == "torchtune":
+        return 4 * V * max(1, tokens // TORCHTUNE_LOSS_CHUNKS)  # the kept logits are retained
+    if impl == "megatron":
+        return 0  # its 16-bit logits are the retained ones
+    return (cb + 4) * V * tokens

@@ -22,6 +22,7 @@ from functools import cache
 from tunepilot.memory.activations import (
     CHUNKED_LOSS_TOKENS,
     logits_bytes,
+    logits_forward_bytes,
     precision_bytes,
     saved_activations,
 )
@@ -159,8 +160,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         casts_bwd = casts_fwd if spec.activation_checkpointing == "none" else \
             2 * s.lm_head_weights // shard
     logits_kept, logits_transient = logits_bytes(arch, spec, cb, tokens)
-    t_logits = min(tokens, CHUNKED_LOSS_TOKENS) if spec.chunked_loss else tokens
-    logits_fwd = (cb + 4) * arch.vocab_size * t_logits  # lm_head output + its fp32 upcast
+    logits_fwd = logits_forward_bytes(arch, spec, cb, tokens)  # lm_head output + fp32 upcast
     linears = linear_modules(arch)
     dequant = 2 * max(m.in_features * m.out_features for m in linears) \
         if spec.method.kind == "qlora" else 0  # one linear dequantised to bf16 at a time
@@ -213,13 +213,32 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
     if not arch.known_layout:
         notes.append(f"model_type {arch.model_type!r} has no known layer layout: parameter "
                      "counts are a llama-style estimate (use plan --trace for the real model)")
+    impl = spec.model.implementation
+    if impl != "transformers":
+        notes.append({
+            "litgpt": "model.implementation litgpt: chunked cross-entropy (128-token chunks of "
+                      "the lm_head output)",
+            "torchtune": "model.implementation torchtune: 8-chunk fp32 loss over 16-bit logits "
+                         "of every token",
+            "torchtitan": "model.implementation torchtitan: its loss and layers saved as "
+                          "transformers' (eager)",
+            "megatron": "model.implementation megatron: fused bias-SwiGLU (saves 2 x i, not "
+                        "3 x i) and fused cross-entropy (no fp32 logits copy)",
+        }[impl] + "; the trace runs transformers' code and stands in for it")
+    if spec.torch_compile:
+        notes.append("torch_compile: Inductor's partitioner recomputes pointwise ops - saved "
+                     "activations x 0.8, MODELLED (the trace runs eager; it cannot compile on "
+                     "fake tensors)")
+    if spec.model.task == "sequence-classification":
+        notes.append(f"task sequence-classification: a {spec.model.num_labels}-label head on "
+                     "the last token - no vocabulary logits")
     norm = "RMSNorm" if arch.norm_kind == "rms" else "LayerNorm"
     notes.append(f"attention: SDPA flash/memory-efficient kernel (no s x s matrix); "
                  f"norms as Hugging Face's {norm}")
-    impl = default_optimizer_impl(spec, stack)
+    opt_impl = default_optimizer_impl(spec, stack)
     if spec.optimizer.name in ("adamw", "paged_adamw", "sgd"):
-        notes.append(f"optimizer step: {impl} implementation "
-                     + ("(one parameter-sized temporary)" if impl == "foreach" else ""))
+        notes.append(f"optimizer step: {opt_impl} implementation "
+                     + ("(one parameter-sized temporary)" if opt_impl == "foreach" else ""))
     return notes
 
 

@@ -90,20 +90,52 @@ def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: 
 
 
 def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
-    """PEFT LoRA with the spec's rank, alpha, dropout and targets (adapters in fp32, PEFT's
-    default autocast_adapter_dtype=True)."""
+    """PEFT LoRA with the spec's rank, alpha, dropout and targets: adapters in fp32 (PEFT's
+    default autocast_adapter_dtype=True), or in bf16 with method.adapter_dtype: bf16 (LitGPT's
+    and torchtune's pure-bf16 runs)."""
     from peft import LoraConfig, get_peft_model
 
     m = spec.method
     targets = m.lora_targets if m.lora_targets == "all-linear" else list(m.lora_targets)
     cfg = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
                      target_modules=targets, task_type="CAUSAL_LM", bias="none")
+    bf16 = m.adapter_dtype == "bf16"
     try:
-        return get_peft_model(model, cfg)
+        peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=not bf16)
     except ValueError as exc:
         raise UserError("method.lora_targets", f"PEFT cannot apply LoRA to {targets!r}: {exc}",
                         "Use module names of this model (e.g. q_proj, v_proj) or 'all-linear'."
                         ) from None
+    if bf16:
+        import torch
+
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.data = p.data.to(torch.bfloat16)
+    return peft_model
+
+
+def _every_other_mm_contexts():
+    """torchtitan's per-op SAC for one checkpointed layer: keep SDPA outputs and every other
+    matmul output (the 1st, 3rd, ...), recompute the rest - counted separately in the forward
+    and in the recompute, so both make the same choices."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    counts = {"forward": 0, "recompute": 0}
+    sdpa = {torch.ops.aten._scaled_dot_product_flash_attention.default,
+            torch.ops.aten._scaled_dot_product_efficient_attention.default,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        if op == torch.ops.aten.mm.default:
+            key = "recompute" if ctx.is_recompute else "forward"
+            counts[key] += 1
+            return (CheckpointPolicy.MUST_SAVE if counts[key] % 2 == 1 else
+                    CheckpointPolicy.PREFER_RECOMPUTE)
+        return CheckpointPolicy.MUST_SAVE if op in sdpa else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _selective_policy(ctx, op, *args, **kwargs):
@@ -130,6 +162,8 @@ def apply_checkpointing(spec: RunSpec, model: torch.nn.Module) -> None:
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
+    elif spec.activation_checkpointing == "selective-op":
+        kwargs["context_fn"] = _every_other_mm_contexts
     target = model.get_base_model() if hasattr(model, "get_base_model") else model
     enable = getattr(target, "activation_checkpointing_enable", None)  # transformers >= 5
     if enable is not None:

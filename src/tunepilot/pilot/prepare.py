@@ -34,6 +34,11 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     from tunepilot.pilot.provenance import collect_provenance
     from tunepilot.pilot.runner import Session
 
+    if spec.model.task != "causal-lm":
+        raise UserError("model.task", f"{spec.model.task}: tunepilot's own pilot trains causal "
+                        "language models.", "Plan it (`tunepilot plan` models the classification "
+                        "head), and pilot your own classification run with TunepilotCallback in "
+                        "its Trainer.")
     progress("probe device", 0, None)
     t0 = time.perf_counter()
     info = probe_device(catalog, ["bitsandbytes"] if needs_bitsandbytes(spec) else [],
