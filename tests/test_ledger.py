@@ -292,3 +292,81 @@ def test_money_never_loses_a_cent(bookings):
         assert sum(r["net_cents"] for r in spend) == sum(b.total_cents for b in every)
         assert sum(r["billed_cents"] - r["refunded_cents"] for r in spend) == sum(
             led.invoice(b.id).total_cents for b in every)
+
+
+# --- hostile input and damaged files (issue 18) ---------------------------------------------------
+
+def _cli(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("tunepilot")
+    return subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--hours", "876000000"], "longer than tunepilot quotes or books"),
+    (["--days", "1e9"], "longer than tunepilot quotes or books"),
+])
+def test_an_absurd_term_is_refused_before_the_ledger_is_touched(tmp_path, args, words):
+    db = tmp_path / "l.sqlite3"
+    proc = _cli("book", "--card", "h100", "--count", "1", "--start", "2030-01-01T00:00Z", *args,
+                "--db", db)
+    assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
+    assert not db.exists()
+
+
+def test_a_start_beyond_2100_is_refused(tmp_path):
+    proc = _cli("book", "--card", "h100", "--count", "1", "--start", "9999-12-10T09:00Z",
+                "--hours", "10", "--db", tmp_path / "l.sqlite3")
+    assert proc.returncode == 2 and "after 2100" in proc.stderr
+
+
+def test_rows_out_of_range_from_an_older_version_do_not_crash_the_readers(ledger):
+    b = book_at(ledger, H200, 1, 1, 2)
+    ledger.conn.execute("UPDATE bookings SET end_ts = ? WHERE id = ?", (3155396893200, b.id))
+    rows = ledger.bookings(None, True)
+    assert "out of range" in rows[0].end
+
+
+def test_a_zero_byte_ledger_is_refused_not_restarted(tmp_path):
+    db = tmp_path / "l.sqlite3"
+    db.write_bytes(b"")
+    for args in (["bookings"], ["book", "--card", "h100", "--count", "1", "--start",
+                                "2030-01-01T00:00Z", "--hours", "1"]):
+        proc = _cli(*args, "--db", db)
+        assert proc.returncode == 2 and "empty file" in proc.stderr, proc.stderr
+    assert db.stat().st_size == 0  # untouched
+
+
+def test_damaged_pages_are_a_message_not_a_traceback(tmp_path):
+    db = tmp_path / "l.sqlite3"
+    with L.Ledger.open(db) as led:
+        book_at(led, H200, 1, 1, 2)
+    raw = bytearray(db.read_bytes())
+    for i in range(4096, len(raw)):  # every page after the header page
+        raw[i] = 0xA5
+    db.write_bytes(bytes(raw))
+    proc = _cli("bookings", "--db", db)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "ledger" in proc.stderr
+
+
+def test_a_locked_ledger_says_it_is_locked(tmp_path, monkeypatch):
+    db = tmp_path / "l.sqlite3"
+    with L.Ledger.open(db):
+        pass
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("PRAGMA user_version = 0")  # force a migration, which needs the write lock
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        from tunepilot.ledger import db as dbmod
+
+        monkeypatch.setattr(dbmod, "BUSY_TIMEOUT_S", 0.2)
+        with pytest.raises(UserError) as e:
+            L.Ledger.open(db)
+        assert "locked by another process" in str(e.value)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 
 import typer
@@ -71,6 +72,10 @@ def main(*, hard_exit: bool = False) -> None:
         code = _fail(exc, exc.exit_code)
     except TunepilotError as exc:
         code = _fail(exc, exc.exit_code)
+    except sqlite3.DatabaseError as exc:  # damaged pages of a ledger, met while reading it
+        code = _fail(UserError("db", f"the ledger database is damaged ({exc}); nothing was "
+                               "changed.", "Restore the file from a backup, or pass another "
+                               "--db."), 2)
     except (KeyboardInterrupt, Terminated) as exc:
         sys.stderr.write("interrupted\n" if isinstance(exc, KeyboardInterrupt) else f"{exc}\n")
         code = 130 if isinstance(exc, KeyboardInterrupt) else 128 + exc.signum

@@ -95,6 +95,9 @@ def parse_positive(text: str | float | int, field: str, unit: str) -> Decimal:
     return value
 
 
+MAX_TERM_S = 10 * 365 * 86400  # ten years: longer is a typo, not a rental
+
+
 def parse_duration(hours: str | None, days: str | None, *, required: bool = True) -> int | None:
     """Whole seconds from exactly one of ``--hours`` / ``--days`` (a fraction of a second rounds
     up); None when neither is given and ``required`` is False."""
@@ -105,6 +108,11 @@ def parse_duration(hours: str | None, days: str | None, *, required: bool = True
                         "E.g. --hours 72 or --days 3.")
     value = parse_positive(hours, "hours", "hours") * 3600 if hours is not None else (
         parse_positive(days, "days", "days") * 86400)
+    if value > MAX_TERM_S:
+        flag = "hours" if hours is not None else "days"
+        raise UserError(flag, f"{(hours if hours is not None else days)[:30]} {flag} is longer "
+                        f"than tunepilot quotes or books (at most {MAX_TERM_S // 3600:,} hours "
+                        "= 10 years).", "Give the term you mean to rent, e.g. --days 30.")
     return int(value.to_integral_value(rounding=ROUND_CEILING))
 
 

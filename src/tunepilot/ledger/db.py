@@ -76,8 +76,14 @@ def default_db_path() -> Path:
 # --- time --------------------------------------------------------------------------------------
 
 
+LATEST_START_YEAR = 2100  # a booking starts before this year ends
+
+
 def _iso(ts: int) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):  # a row written before the bounds existed
+        return f"(out of range: {ts} s)"
 
 
 def parse_start(text: str, now: datetime) -> int:
@@ -96,6 +102,9 @@ def parse_start(text: str, now: datetime) -> int:
     if when.tzinfo is None or when.utcoffset() is None:
         raise UserError("start", f"{text!r} has no UTC offset; times are UTC and must say so.",
                         f"Write {raw}Z (UTC) or add an offset such as +01:00.")
+    if when.astimezone(timezone.utc).year > LATEST_START_YEAR:
+        raise UserError("start", f"{text[:40]!r} is after {LATEST_START_YEAR}.",
+                        "Give a start in this century (UTC), e.g. 2026-12-01T09:00Z.")
     ts = int(when.timestamp())
     if ts < _ts(now):
         raise UserError("start", f"{_iso(ts)} is in the past (now is {_iso(_ts(now))}).",
@@ -181,6 +190,11 @@ class Ledger:
     def open(cls, path: Path | str | None = None) -> Ledger:
         """Open (creating it and its directory when missing) and migrate to SCHEMA_VERSION."""
         path = Path(path) if path is not None else default_db_path()
+        if path.is_file() and path.stat().st_size == 0:
+            raise UserError("db", f"{str(path)!r} is an empty file, not a tunepilot ledger (as "
+                            "a new ledger its booking ids would restart at 1).",
+                            "Pass the ledger's real file with --db, or remove the empty file "
+                            "to start a new ledger.")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
@@ -242,6 +256,10 @@ class Ledger:
                                    (number, description, _iso(int(utc_now().timestamp()))))
                         db.execute(f"PRAGMA user_version = {number}")
         except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc):
+                raise UserError("db", f"the ledger {str(self.path)!r} is locked by another "
+                                f"process (waited {BUSY_TIMEOUT_S:g} s).",
+                                "Try again when it has finished, or close it.") from None
             raise UserError("db", f"{str(self.path)!r} is not a tunepilot ledger: {exc}.",
                             "Pass another file with --db.") from None
 
