@@ -360,3 +360,23 @@ def test_the_throughput_model_is_per_implementation_card_and_setting_with_source
               card_id="h100", count=1, term_s=72 * H)
     how = q.throughput["per_card"].how
     assert "megatron" in how and "Megatron-LM README" in how
+
+
+def test_an_hourly_option_line_says_what_it_charges():
+    card = load_catalog().get("h100")
+    cost = term_cost(card, 1, 2 * H, {"support": Decimal(1)})
+    line = next(i for i in cost.items if i.description.startswith("support"))
+    assert "2 hours charged" in line.description and "1 x 2 h" not in line.description
+    assert line.amount_cents == 50
+
+
+def test_every_shipped_example_fits_the_count_it_names_on_some_card():
+    from pathlib import Path
+
+    from tunepilot.memory.plan import make_plan
+    from tunepilot.spec import load_spec
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml")):
+        spec = load_spec(path)
+        plan = make_plan(spec, base_dir=path.parent)
+        assert any(c.fits for c in plan.cards), path.name

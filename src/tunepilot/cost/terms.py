@@ -59,7 +59,9 @@ def term_cost(card: Card, count: int, term_s: int, options: dict[str, Decimal] |
         if opt.unit.endswith("-month"):
             quantity, what = qty * months, f"{_dec(qty)} {opt.unit[:-6]} x {_dec(months, 4)} month"
         elif opt.unit == "hour":
-            quantity, what = qty * Decimal(term_s) / 3600, f"{_dec(qty)} x {_dec(hours)} h"
+            quantity = qty * Decimal(term_s) / 3600
+            what = (f"{_dec(quantity, 6)} hours charged ({_dec(qty)} per term hour x the "
+                    f"{_dec(Decimal(term_s) / 3600, 4)} h term)")
         else:
             quantity, what = qty, f"{_dec(qty)} {opt.unit}"
         items.append(_item("option", f"{name}: {what}", _dec(quantity, 6), opt.unit,
