@@ -9,7 +9,6 @@ from tunepilot.model.arch import Arch, LinearSpec, lora_targets
 from tunepilot.model.flops import DTYPE_BYTES
 from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
 
-LITGPT_LOSS_CHUNK_TOKENS = 128  # litgpt.utils.chunked_cross_entropy(chunk_size=128)
 TORCHTUNE_LOSS_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 COMPILE_SAVED_FRACTION = 0.8  # Inductor's min-cut partitioner: pointwise outputs recomputed
 
@@ -144,10 +143,11 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
     the loss is kept (tunepilot's step keeps only the loss). In the loss backward the fp32
     gradients of log_softmax's output and of its input exist together (2 x 4V). A chunked loss
     (recomputed per chunk) holds this for CHUNKED_LOSS_TOKENS at a time instead of all tokens.
-    Other implementations (model.implementation): LitGPT's chunked cross-entropy (128-token
-    chunks of the lm_head output, kept in 16 bit), torchtune's 8-chunk fp32 loss (16-bit
-    logits of all tokens kept, each chunk upcast), Megatron's fused cross-entropy (16-bit logits,
-    no fp32 copy); torchtitan computes it as transformers does. sequence-classification: a
+    Other implementations (model.implementation): LitGPT's chunked cross-entropy as a chunked
+    loss (the published lit-gpt peaks, shared/reference rows 7-13, fit it within 6% but one);
+    torchtune's CEWithChunkedOutputLoss with chunked_loss (16-bit logits of all tokens kept,
+    each of 8 chunks upcast); Megatron's fused cross-entropy (16-bit logits, no fp32 copy);
+    torchtitan computes it as transformers does. sequence-classification: a
     num_labels head on the last token - no vocabulary-sized logits at all.
     """
     V = arch.vocab_size
@@ -156,13 +156,9 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
         n = spec.model.num_labels * spec.micro_batch_size
         return 4 * n, 8 * n
     if spec.chunked_loss or impl == "litgpt":
-        chunk = CHUNKED_LOSS_TOKENS if spec.chunked_loss else LITGPT_LOSS_CHUNK_TOKENS
-        t = min(tokens, chunk)
+        t = min(tokens, CHUNKED_LOSS_TOKENS)
         retained = 4 * V * t + cb * arch.hidden_size * tokens  # hidden states for the recompute
         return retained, 8 * V * t
-    if impl == "torchtune":
-        t = max(1, tokens // TORCHTUNE_LOSS_CHUNKS)
-        return cb * V * tokens + 4 * V * t, 8 * V * t
     if impl == "megatron":
         return cb * V * tokens, 2 * cb * V * tokens
     return 4 * V * tokens, 8 * V * tokens
@@ -170,16 +166,14 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
 
 def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
     """The lm_head output and its fp32 upcast alive at the end of the forward (per chunk where
-    the loss is chunked; 16 bit only for Megatron's fused loss; none for classification)."""
+    the loss is chunked; 16 bit only for Megatron's fused loss and LitGPT's chunked one; none
+    for classification)."""
     V = arch.vocab_size
     impl = spec.model.implementation
     if spec.model.task == "sequence-classification":
         return 4 * spec.model.num_labels * spec.micro_batch_size
     if spec.chunked_loss or impl == "litgpt":
-        chunk = CHUNKED_LOSS_TOKENS if spec.chunked_loss else LITGPT_LOSS_CHUNK_TOKENS
-        return (cb + 4) * V * min(tokens, chunk)
-    if impl == "torchtune":
-        return 4 * V * max(1, tokens // TORCHTUNE_LOSS_CHUNKS)  # the kept logits are retained
+        return (cb + 4) * V * min(tokens, CHUNKED_LOSS_TOKENS)
     if impl == "megatron":
         return 0  # its 16-bit logits are the retained ones
     return (cb + 4) * V * tokens

@@ -216,10 +216,10 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
     impl = spec.model.implementation
     if impl != "transformers":
         notes.append({
-            "litgpt": "model.implementation litgpt: chunked cross-entropy (128-token chunks of "
-                      "the lm_head output)",
-            "torchtune": "model.implementation torchtune: 8-chunk fp32 loss over 16-bit logits "
-                         "of every token",
+            "litgpt": "model.implementation litgpt: its chunked cross-entropy, planned as a "
+                      "chunked loss",
+            "torchtune": "model.implementation torchtune: with chunked_loss, its 8-chunk fp32 "
+                         "loss over 16-bit logits of every token",
             "torchtitan": "model.implementation torchtitan: its loss and layers saved as "
                           "transformers' (eager)",
             "megatron": "model.implementation megatron: fused bias-SwiGLU (saves 2 x i, not "
