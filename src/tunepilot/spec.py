@@ -342,6 +342,12 @@ class RunSpec(_Strict):
         return self
 
     @property
+    def loss_is_chunked(self) -> bool:
+        """chunked_loss, or an implementation whose loss is chunked by default (LitGPT's
+        chunked cross-entropy): the step, the trace and the plan all follow it."""
+        return self.chunked_loss or self.model.implementation == "litgpt"
+
+    @property
     def trainable_dtype(self) -> StateDtype:
         """The dtype of the trained parameters: LoRA adapters fp32 unless adapter_dtype: bf16
         (PEFT's autocast_adapter_dtype); a full run's parameters bf16 under bf16-true, else

@@ -9,7 +9,6 @@ from tunepilot.model.arch import Arch, LinearSpec, lora_targets
 from tunepilot.model.flops import DTYPE_BYTES
 from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
 
-TORCHTUNE_LOSS_CHUNKS = 8  # torchtune CEWithChunkedOutputLoss(num_output_chunks=8)
 COMPILE_SAVED_FRACTION = 0.8  # Inductor's min-cut partitioner: pointwise outputs recomputed
 
 
@@ -145,8 +144,7 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
     (recomputed per chunk) holds this for CHUNKED_LOSS_TOKENS at a time instead of all tokens.
     Other implementations (model.implementation): LitGPT's chunked cross-entropy as a chunked
     loss (the published lit-gpt peaks, shared/reference rows 7-13, fit it within 6% but one);
-    torchtune's CEWithChunkedOutputLoss with chunked_loss (16-bit logits of all tokens kept,
-    each of 8 chunks upcast); Megatron's fused cross-entropy (16-bit logits, no fp32 copy);
+    torchtune's CEWithChunkedOutputLoss through chunked_loss; Megatron's fused cross-entropy (16-bit logits, no fp32 copy);
     torchtitan computes it as transformers does. sequence-classification: a
     num_labels head on the last token - no vocabulary-sized logits at all.
     """
@@ -155,7 +153,7 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
     if spec.model.task == "sequence-classification":
         n = spec.model.num_labels * spec.micro_batch_size
         return 4 * n, 8 * n
-    if spec.chunked_loss or impl == "litgpt":
+    if spec.loss_is_chunked:
         t = min(tokens, CHUNKED_LOSS_TOKENS)
         retained = 4 * V * t + cb * arch.hidden_size * tokens  # hidden states for the recompute
         return retained, 8 * V * t
@@ -166,13 +164,13 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
 
 def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
     """The lm_head output and its fp32 upcast alive at the end of the forward (per chunk where
-    the loss is chunked; 16 bit only for Megatron's fused loss and LitGPT's chunked one; none
+    the loss is chunked; none for Megatron's fused loss, whose 16-bit logits are retained; none
     for classification)."""
     V = arch.vocab_size
     impl = spec.model.implementation
     if spec.model.task == "sequence-classification":
         return 4 * spec.model.num_labels * spec.micro_batch_size
-    if spec.chunked_loss or impl == "litgpt":
+    if spec.loss_is_chunked:
         return (cb + 4) * V * min(tokens, CHUNKED_LOSS_TOKENS)
     if impl == "megatron":
         return 0  # its 16-bit logits are the retained ones

@@ -218,8 +218,8 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
         notes.append({
             "litgpt": "model.implementation litgpt: its chunked cross-entropy, planned as a "
                       "chunked loss",
-            "torchtune": "model.implementation torchtune: with chunked_loss, its 8-chunk fp32 "
-                         "loss over 16-bit logits of every token",
+            "torchtune": "model.implementation torchtune: its layers and loss saved as "
+                         "transformers' (chunked_loss: its chunked loss)",
             "torchtitan": "model.implementation torchtitan: its loss and layers saved as "
                           "transformers' (eager)",
             "megatron": "model.implementation megatron: fused bias-SwiGLU (saves 2 x i, not "
