@@ -257,3 +257,12 @@ def test_selective_op_keeps_less_than_selective_and_more_than_full():
                     plan_of(spec, traced(spec)).per_device.activations_bytes)
     for i in (0, 1):  # analytic, traced
         assert acts["full"][i] < acts["selective-op"][i] < acts["selective"][i], acts
+
+
+def test_torch_compile_is_modelled_on_the_traced_plan_and_said_so():
+    eager = tiny(method={"kind": "full"})
+    compiled = tiny(method={"kind": "full"}, torch_compile=True)
+    raw = traced(eager)
+    a, b = plan_of(eager, raw), plan_of(compiled, raw)
+    assert b.per_device.activations_bytes < a.per_device.activations_bytes
+    assert any("torch_compile" in n and "MODELLED" in n for n in b.assumptions)

@@ -160,6 +160,14 @@ def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str)
     N, strategy = spec.parallel.world_size, spec.parallel.strategy
     notes = list(raw.get("notes", []))
     phases_in = [dict(_phase_bytes(p), name=p["name"]) for p in raw["phases"]]
+    if spec.torch_compile:  # the trace runs eager: compile's fusion is modelled on top of it
+        from tunepilot.memory.activations import COMPILE_SAVED_FRACTION
+
+        for p in phases_in:
+            p["activations"] = int(p["activations"] * COMPILE_SAVED_FRACTION)
+        notes.append(f"torch_compile: traced eager; saved activations x "
+                     f"{COMPILE_SAVED_FRACTION:g} for Inductor's recompute of pointwise ops "
+                     "(MODELLED, not traced)")
     buckets = 0
     if strategy == "fsdp" and N > 1:
         phases_in, fsdp_notes = _derive_fsdp(spec, raw, phases_in)
