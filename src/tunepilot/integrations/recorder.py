@@ -30,6 +30,7 @@ from tunepilot.results.pilot import (
     RunBlock,
     Timings,
     ValidationBlock,
+    no_allocator,
 )
 
 M = Figure.measured
@@ -324,9 +325,7 @@ class Recorder:
                 num_alloc_retries=M(a.get("num_alloc_retries", 0), "count"),
                 num_ooms=M(a.get("num_ooms", 0), "count"))
         else:
-            why = "CPU: no caching allocator (CUDA/HIP only)"
-            alloc = AllocatorMemory(**{k: Figure.missing(getattr(AllocatorMemory(), k).unit, why)
-                                       for k in AllocatorMemory.model_fields})
+            alloc = no_allocator()
         if self.gpu and r is not None:
             reserved = a.get("steady_peak_reserved_bytes")
             device = DeviceMemory(

@@ -33,6 +33,7 @@ from tunepilot.results.pilot import (
     TrackedMemory,
     ValidationBlock,
     WarmupStep,
+    no_allocator,
 )
 
 STALL_FRACTION = 0.05  # a step "stalls" when it waited on the loader > 5% of its wall time
@@ -273,9 +274,7 @@ def _memory(s) -> MemoryBlock:
             num_alloc_retries=M(a.get("num_alloc_retries", 0), "count"),
             num_ooms=M(a.get("num_ooms", 0), "count"))
     else:
-        why = "CPU: no caching allocator (CUDA/HIP only)"
-        allocator = AllocatorMemory(**{k: Figure.missing(getattr(AllocatorMemory(), k).unit, why)
-                                       for k in AllocatorMemory.model_fields})
+        allocator = no_allocator()
     limit = s.options.memory_limit_bytes
     return MemoryBlock(allocator=allocator, device=device_memory(s), process=_process_memory(s),
                        tracked=_tracked(s),

@@ -183,6 +183,12 @@ class AllocatorMemory(Model):
     num_ooms: Figure = _fig("count")
 
 
+def no_allocator(why: str = "CPU: no caching allocator (CUDA/HIP only)") -> AllocatorMemory:
+    """Every allocator figure "not measured" with the reason (a CPU run has no such allocator)."""
+    return AllocatorMemory(**{k: Figure.missing(getattr(AllocatorMemory(), k).unit, why)
+                              for k in AllocatorMemory.model_fields})
+
+
 class DeviceMemory(Model):
     """Device-wide memory (NVML/amdsmi): what the allocator never sees is in it."""
 
