@@ -179,7 +179,7 @@ def test_watch_forwards_sigterm_to_the_whole_tree_and_leaves_no_orphans(tmp_path
                                           len(pidfile.read_text().split()) >= 2):
         time.sleep(0.1)
     pids = [int(x) for x in pidfile.read_text().split()]
-    time.sleep(2)  # watch installs its signal forwarding just after starting the command
+    # no wait: watch's forwarding is in place before the command starts
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     d = json.loads(out)

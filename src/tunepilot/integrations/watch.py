@@ -136,24 +136,32 @@ def watch_command(cmd: list[str], out: Path | str, *, spec=None, interval_s: flo
     markers.unlink(missing_ok=True)
     env = {**os.environ, MARKERS_ENV: str(markers), DIR_ENV: str(run.path)}
     t0_wall, t0 = time.time(), time.perf_counter()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a parent may have blocked them
-    try:
-        child = subprocess.Popen(cmd, env=env, start_new_session=True,
-                                 preexec_fn=_unblock_signals)
-    except OSError as exc:
-        raise UserError("CMD", f"{cmd[0]!r} could not be started ({exc.strerror or exc}).",
-                        "Check the command and that it is on PATH.") from None
-    tree = _Tree(child.pid)
     got_signal: list[int] = []
-
     signalled_at: list[float] = []
+    started: list[subprocess.Popen] = []  # filled once the child exists
 
     def forward(signum, _frame):
         got_signal.append(signum)
         signalled_at.append(time.perf_counter())
-        _signal_group(child.pid, signum)
+        if started:
+            _signal_group(started[0].pid, signum)
 
+    # The forwarding is in place before the child starts: a signal that arrives while it is
+    # being started is recorded and passed on as soon as it has a process group.
     old = {s: signal.signal(s, forward) for s in _FORWARDED}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a parent may have blocked them
+    try:
+        started.append(subprocess.Popen(cmd, env=env, start_new_session=True,
+                                        preexec_fn=_unblock_signals))
+    except OSError as exc:
+        for s, h in old.items():
+            signal.signal(s, h)
+        raise UserError("CMD", f"{cmd[0]!r} could not be started ({exc.strerror or exc}).",
+                        "Check the command and that it is on PATH.") from None
+    child = started[0]
+    if got_signal:
+        _signal_group(child.pid, got_signal[0])
+    tree = _Tree(child.pid)
     try:
         while child.poll() is None:
             tree.sample()
