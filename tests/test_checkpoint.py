@@ -126,6 +126,59 @@ def test_damage_is_named_by_file_and_component_and_nothing_loads(saved, tmp_path
                                    for k, v in state.model.state_dict().items())
 
 
+def test_large_shards_are_hashed_first_then_read_into_the_live_tensors(saved, tmp_path,
+                                                                     monkeypatch):
+    """Shards above STAGE_MAX_FILE_BYTES are not staged: hashed, then read in place. Damage is
+    still refused before the state is touched, and a shard rewritten between the hash and the
+    read is refused too."""
+    from tunepilot.checkpoint import state as st
+
+    monkeypatch.setattr(st, "STAGE_MAX_FILE_BYTES", 0)
+    state, stream = _build(TINY, 8, None, "cpu")
+    load_checkpoint(saved[0], state, stream, TINY)
+    assert _bits(_train(state, stream, TINY, 3)) == _bits(saved[2])
+
+    path = _copy(saved, tmp_path)
+    target = _largest(path, "optimizer")
+    _flip(target)
+    state, stream = _build(TINY, 8, None, "cpu")
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    with pytest.raises(CheckpointError) as exc:
+        load_checkpoint(path, state, stream, TINY)
+    assert exc.value.file == str(target.relative_to(path)) and "altered" in str(exc.value)
+    assert all(torch.equal(before[k], v) for k, v in state.model.state_dict().items())
+
+    path = _copy(saved, tmp_path / "again")
+    target = _largest(path, "model")
+    real_check = st.check_files
+
+    def check_then_rewrite(*args, **kwargs):
+        found = real_check(*args, **kwargs)
+        time.sleep(0.01)  # a later mtime
+        target.write_bytes(target.read_bytes())  # same bytes, but written after the hash
+        return found
+
+    monkeypatch.setattr(st, "check_files", check_then_rewrite)
+    state, stream = _build(TINY, 8, None, "cpu")
+    with pytest.raises(CheckpointError, match="changed on disk while it was being loaded"):
+        load_checkpoint(path, state, stream, TINY)
+
+
+def test_an_async_save_holds_the_step_it_was_taken_at(tmp_path):
+    from tunepilot.checkpoint.async_save import save_checkpoint_async
+
+    state, stream = _trained(TINY)
+    pending = save_checkpoint_async(tmp_path / "a", state, stream, TINY)
+    after = _train(state, stream, TINY, 3)  # training goes on while it writes
+    info = pending.result(timeout=60)
+    assert info.step == 3 and pending.unblocked_s > 0 and verify_checkpoint(tmp_path / "a") == []
+    fresh, fresh_stream = _build(TINY, 8, None, "cpu")
+    load_checkpoint(tmp_path / "a", fresh, fresh_stream, TINY)
+    assert _bits(_train(fresh, fresh_stream, TINY, 3)) == _bits(after)
+    again = save_checkpoint_async(tmp_path / "b", state, stream, TINY)  # buffers reused
+    assert again.result(timeout=60).step == 6
+
+
 def test_a_damaged_manifest_is_named(saved, tmp_path):
     path = _copy(saved, tmp_path)
     m = json.loads((path / "manifest.json").read_text())

@@ -5,12 +5,15 @@ load) and its `.metadata`; only the storage layer differs from DCP's FileSystemW
 
 - write: each tensor chunk is written as its raw bytes (DCP's default wraps every tensor in its own
   torch.save zip), and the SHA-256 of each file is computed from the very buffers written, in the
-  writer threads (no second pass over the file); every file is fsynced before `finish`.
+  writer threads (no second pass over the file); the kernel starts writing each slice to disk
+  as soon as it is written (sync_file_range), so the fsync of every file before `finish` finds
+  little left to wait for.
 - read: each chunk is read straight into the destination tensor when it is a whole, contiguous CPU
   tensor of the stored dtype (no temporary, no copy); otherwise into a temporary that DCP's
   narrowing then copies (resharding, GPU targets).
 
-That makes save + load run at close to the disk's speed. A checkpoint written this way says so in
+The load verifies each shard's SHA-256 first (checkpoint/state.py) and only then reads it into
+the live tensors, so a damaged checkpoint is refused before the state is touched. A checkpoint written this way says so in
 its manifest (`tensor_encoding: raw`); `load` reads that and picks the reader. If this torch lacks
 the DCP internals used here, `raw_storage_available()` is False and the stock DCP storage is used.
 """
@@ -25,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+
+from tunepilot.checkpoint.files import start_writeback
 
 try:  # DCP's storage-layer building blocks (stable since torch 2.2, but not public API)
     from torch.distributed._shard._utils import narrow_tensor_by_index
@@ -88,6 +93,7 @@ class HashingRawWriter(FileSystemWriter):
                     piece = buf[start:start + _SLICE_BYTES]
                     _write_all(f, piece)
                     h.update(piece)
+                    start_writeback(f.fileno(), offset + start, len(piece))
                 results.append(WriteResult(index=item.index, size_in_bytes=len(buf),
                                            storage_data=_StorageInfo(name, offset, len(buf))))
                 offset += len(buf)

@@ -77,7 +77,11 @@ if TYPE_CHECKING:
     from tunepilot.training import TrainState
 
 RAW, TORCH_SAVE = "raw", "torch_save"  # how DCP stores tensors: see checkpoint/dcp.py
-STAGE_BUDGET_BYTES = 8 << 30  # a load reads (and verifies) up to this much in one pass
+STAGE_MAX_FILE_BYTES = 4 << 20
+"""Files up to this size (JSON, DCP metadata) are read once into memory and verified there; larger
+ones (the tensor shards) are hashed with one small reused buffer and then read straight into the
+live tensors. Staging them in fresh buffers instead costs a page fault per 4 KiB of state, which
+on a virtual machine was 4-10x the time of the read itself (benchmarks/checkpoint_speed.py)."""
 
 
 @dataclass
@@ -139,12 +143,45 @@ def save_checkpoint(path: Path, state: TrainState, stream: DataStream, spec: Run
     distributed); the previous checkpoint there stays loadable until the new one is complete."""
     _import_dcp()  # not part of the measured time: a run imports it once
     t0 = time.perf_counter()
-    path = Path(path)
+    snap = snapshot(state, stream, spec, model_and_optimizer_state(state, spec))
+    return write_snapshot(Path(path), snap, extra, t0)
+
+
+@dataclass
+class Snapshot:
+    """What one rank's checkpoint holds, taken at one step: the model and optimizer state dicts
+    (the live tensors, or copies for an asynchronous save) and the small JSON components."""
+
+    state_dicts: tuple[dict, dict]
+    json_files: dict[str, tuple[str, object, int | None]]
+    step: int
+    useful_tokens_seen: int
+    model_ref: dict
+    spec_hash: str
+
+
+def snapshot(state: TrainState, stream: DataStream, spec: RunSpec,
+             state_dicts: tuple[dict, dict]) -> Snapshot:
+    rank, _ = rank_world()
+    json_files = {per_rank_file(RNG, rank): (RNG, rng_state(), rank),
+                  per_rank_file(DATA, rank): (DATA, data_position(stream), rank)}
+    if rank == 0:
+        json_files["scheduler.json"] = (SCHEDULER, to_json(state.scheduler.state_dict()), None)
+        json_files["progress.json"] = (PROGRESS, {"step": state.step, "useful_tokens_seen":
+                                                  state.useful_tokens_seen}, None)
+        if state.scaler is not None:
+            json_files["scaler.json"] = (SCALER, to_json(state.scaler.state_dict()), None)
+    return Snapshot(state_dicts, json_files, state.step, state.useful_tokens_seen,
+                    model_reference(state.model, spec), spec.spec_hash())
+
+
+def write_snapshot(path: Path, snap: Snapshot, extra: dict | None, t0: float) -> CheckpointInfo:
+    """The files of ``snap`` into a temporary beside ``path``, the manifest, the atomic swap."""
     rank, world = rank_world()
     tmp = _broadcast(_prepare_temporary(path) if rank == 0 else None)
     failure = None
     try:
-        written = _write_components(tmp, state, stream, spec, rank, _tensor_encoding())
+        written = _write_components(tmp, snap, rank, _tensor_encoding())
     except CheckpointError as exc:
         failure, written = exc, None
     results = _gather((written, None if failure is None else str(failure)))
@@ -156,9 +193,9 @@ def save_checkpoint(path: Path, state: TrainState, stream: DataStream, spec: Run
                                          component=MODEL)
     manifest = None
     if rank == 0:
-        manifest = _commit(tmp, path, [w for w, _ in results], state, spec, extra, world)
+        manifest = _commit(tmp, path, [w for w, _ in results], snap, extra, world)
     manifest = _broadcast(manifest)
-    return CheckpointInfo(str(path), state.step, _total_bytes(manifest, path),
+    return CheckpointInfo(str(path), snap.step, _total_bytes(manifest, path),
                           time.perf_counter() - t0, sorted([*manifest["files"], mf.MANIFEST]),
                           manifest["model"]["kind"], manifest["components"], world_size=world)
 
@@ -175,24 +212,16 @@ def _prepare_temporary(path: Path) -> Path:
     return tmp
 
 
-def _write_components(tmp: Path, state: TrainState, stream: DataStream, spec: RunSpec,
-                      rank: int, encoding: str) -> dict[str, tuple[str, str, int, int | None]]:
+def _write_components(tmp: Path, snap: Snapshot, rank: int, encoding: str
+                      ) -> dict[str, tuple[str, str, int, int | None]]:
     """This rank's files in `tmp`: relative path -> (component, sha256, bytes, rank); the
     hashes are computed from the bytes as they are written."""
-    files: dict[str, tuple[str, str, int, int | None]] = {}
-    for name, sd in zip((MODEL, OPTIMIZER), model_and_optimizer_state(state, spec), strict=True):
-        files.update(_write_dcp(tmp, name, sd, encoding, rank))
-    json_files = {per_rank_file(RNG, rank): (RNG, rng_state(), rank),
-                  per_rank_file(DATA, rank): (DATA, data_position(stream), rank)}
-    if rank == 0:
-        json_files["scheduler.json"] = (SCHEDULER, to_json(state.scheduler.state_dict()), None)
-        json_files["progress.json"] = (PROGRESS, {"step": state.step, "useful_tokens_seen":
-                                                  state.useful_tokens_seen}, None)
-        if state.scaler is not None:
-            json_files["scaler.json"] = (SCALER, to_json(state.scaler.state_dict()), None)
-    for rel, (comp, obj, r) in json_files.items():
-        import hashlib
+    import hashlib
 
+    files: dict[str, tuple[str, str, int, int | None]] = {}
+    for name, sd in zip((MODEL, OPTIMIZER), snap.state_dicts, strict=True):
+        files.update(_write_dcp(tmp, name, sd, encoding, rank))
+    for rel, (comp, obj, r) in snap.json_files.items():
         data = json.dumps(obj, indent=1).encode()
         try:
             write_synced(tmp / rel, data)
@@ -231,7 +260,8 @@ def _write_dcp(tmp: Path, name: str, sd: dict, encoding: str, rank: int) -> dict
     return out
 
 
-def _commit(tmp: Path, path: Path, written: list[dict], state, spec, extra, world: int) -> dict:
+def _commit(tmp: Path, path: Path, written: list[dict], snap: Snapshot, extra, world: int
+            ) -> dict:
     """Rank 0: hash DCP's metadata files, write the manifest, fsync, swap into place."""
     files = {rel: v for w in written for rel, v in w.items()}
     try:
@@ -245,9 +275,9 @@ def _commit(tmp: Path, path: Path, written: list[dict], state, spec, extra, worl
             components.setdefault(comp, []).append(rel)
         manifest = {
             "format": mf.FORMAT, "format_version": mf.FORMAT_VERSION,
-            "tensor_encoding": _tensor_encoding(), "step": state.step,
-            "useful_tokens_seen": state.useful_tokens_seen, "spec_hash": spec.spec_hash(),
-            "world_size": world, "model": model_reference(state.model, spec),
+            "tensor_encoding": _tensor_encoding(), "step": snap.step,
+            "useful_tokens_seen": snap.useful_tokens_seen, "spec_hash": snap.spec_hash,
+            "world_size": world, "model": snap.model_ref,
             "created_unix_s": time.time(), "torch_version": _torch_version(),
             "components": components,
             "files": {rel: {"sha256": sha, "bytes": n, "component": comp,
@@ -294,7 +324,7 @@ def load_checkpoint(path: Path, state: TrainState, stream: DataStream, spec: Run
     rank, world = rank_world()
     if rank == 0:
         recover_interrupted_swap(path)
-    manifest, staged = _verified(path, rank, world)
+    manifest, staged, hashed = _verified(path, rank, world)
     notes = check_model_reference(manifest.model, state.model, spec)
     if manifest.spec_hash != spec.spec_hash():
         notes.append(f"written for spec hash {manifest.spec_hash[:12]}, loaded with spec hash "
@@ -302,6 +332,7 @@ def load_checkpoint(path: Path, state: TrainState, stream: DataStream, spec: Run
     if manifest.world_size != world:
         notes.append(f"resharded: saved by {manifest.world_size} rank(s), loaded on {world}")
     _load_model_and_optimizer(path, state, manifest, staged)
+    _unchanged_since_hashed(path, manifest, hashed)
     _load_json_state(path, state, manifest, staged)
     source = rank % manifest.world_size
     load_data_position(_resharded_position(path, manifest, staged, rank, world), stream,
@@ -323,18 +354,20 @@ def _my_files(manifest: mf.CheckpointManifest, rank: int, world: int) -> list[st
 
 
 def _verified(path: Path, rank: int, world: int):
-    """The manifest and this rank's files, read and verified; CheckpointError (on every rank)
-    naming the file, component and rank of every problem found on any rank."""
+    """The manifest, this rank's small files (read and verified) and the signatures of its large
+    files (hashed; read later by DCP); CheckpointError (on every rank) naming the file,
+    component and rank of every problem found on any rank."""
     manifest, problems = manifest_or_problem(path)
     staged: dict[str, bytearray] = {}
+    hashed: dict[str, tuple] = {}
     if manifest is not None:
         problems = missing_components(manifest)
         mine = _my_files(manifest, rank, world)
-        if sum(manifest.files[r].bytes for r in mine) <= STAGE_BUDGET_BYTES:
-            staged, found = read_verified(path, manifest, mine)  # verify while reading
-        else:
-            found = check_files(path, manifest, mine)  # too large to hold: hash, then load
-        problems += found
+        small = [r for r in mine if manifest.files[r].bytes <= STAGE_MAX_FILE_BYTES]
+        large = [r for r in mine if r not in small]
+        hashed = {r: _signature(path / r) for r in large}
+        staged, found = read_verified(path, manifest, small)  # verify while reading
+        problems += found + check_files(path, manifest, large)
     everyone = [p for ps in _gather(problems) for p in ps]
     if everyone:
         first = everyone[0]
@@ -343,7 +376,28 @@ def _verified(path: Path, rank: int, world: int):
                               "Nothing was loaded; use an earlier checkpoint.",
                               component=first.component, file=first.file, rank=first.rank,
                               problems=everyone)
-    return manifest, staged
+    return manifest, staged, hashed
+
+
+def _signature(p: Path) -> tuple | None:
+    """What changes when anything writes to a file: inode, size, mtime and ctime (the last
+    cannot be set from user space)."""
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _unchanged_since_hashed(path: Path, manifest, hashed: dict[str, tuple]) -> None:
+    """The large files were hashed, then read into the state: refuse if one changed between."""
+    for rel, sig in hashed.items():
+        if _signature(path / rel) != sig:
+            e = manifest.files[rel]
+            raise CheckpointError(f"{rel} in {str(path)!r} changed on disk while it was being "
+                                  "loaded; the state in memory is not that checkpoint. Load it "
+                                  "again when nothing else writes to it.", component=e.component,
+                                  file=rel, rank=e.rank)
 
 
 def _load_model_and_optimizer(path: Path, state: TrainState, manifest, staged: dict) -> None:
