@@ -106,3 +106,18 @@ def test_verify_names_a_truncated_manifest_and_a_same_size_shard_from_another_ru
         shutil.copy(b, a)
         bad = _problems(ck2)
         assert any(p["file"] == "model/__0_0.distcp" and p["rank"] == 0 for p in bad)
+
+
+def test_kill_9_of_one_rank_mid_sharded_save_leaves_the_previous_checkpoint(tmp_path):
+    """One trial here; benchmarks/sharded_save_kill.py runs 10 (rank 1 and rank 0 alternately)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.support.sharded_kill import trial
+
+    from tunepilot.checkpoint.files import remove_stale_temporaries
+
+    r = trial(tmp_path, seed=3, victim=1)
+    assert r["killed_mid_save"], r
+    assert r["problems"] == [] and r["loaded_in_fresh_process"] and r["is_last_complete_save"]
+    assert r["leftover_temporaries"] >= 1  # the dead save's, until the next save removes it
+    remove_stale_temporaries(tmp_path / "ckpt" / "latest")
+    assert not list((tmp_path / "ckpt").glob(".latest.tmp-*"))
