@@ -41,3 +41,33 @@ def test_a_command_exits_promptly_after_its_last_output():
     proc = _cli("plan", str(ROOT / "examples" / "tiny.yaml"), "--json")
     assert proc.returncode == 0
     assert time.perf_counter() - t < 10  # was 2-4 s of interpreter teardown after the output
+
+
+def test_progress_lines_keep_coming_through_one_long_silent_call():
+    import io
+
+    from tunepilot.views.progress import _Lines
+
+    out = io.StringIO()
+    with _Lines("pilot", out, every_s=0.1) as lines:
+        lines("load model", 0, None)
+        time.sleep(0.6)  # a model build: nobody calls back for a while
+    text = out.getvalue().splitlines()
+    assert text[0].startswith("pilot [") and text[0].endswith("load model")
+    assert sum(line.endswith("load model (still running)") for line in text) >= 3
+
+
+def test_restore_off_a_terminal_says_what_it_does_and_that_it_is_alive(tmp_path):
+    import os
+
+    env = {**os.environ, "TUNEPILOT_PROGRESS_EVERY_S": "1"}
+    proc = subprocess.run([str(EXE), "restore", str(ROOT / "examples" / "tiny.yaml"),
+                           "--steps-before", "2", "--steps-after", "2", "--out",
+                           str(tmp_path / "r"), "--json"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    assert any("restore [" in x and "original: build the model" in x for x in lines)
+    assert any("fresh process: load the checkpoint" in x for x in lines)
+    assert any(x.endswith("(still running)") for x in lines), proc.stderr
+    assert proc.stdout.lstrip().startswith("{")  # stdout stays the JSON result

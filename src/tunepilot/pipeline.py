@@ -159,7 +159,7 @@ def _run_pilot(c: Ctx) -> PilotResult:
     return run_pilot(c.spec, c.run.path, PilotOptions(
         steps=o.pilot_steps, max_steps=o.pilot_max_steps, memory_limit_bytes=o.memory_limit_bytes,
         base_dir=o.base_dir, catalog=c.catalog, check_memory=o.check_memory),
-        progress=lambda what, i, n: None)
+        progress=lambda what, _i, _n: c.say(f"pilot: {what}"))
 
 
 def _gate_pilot(c: Ctx, pilot: PilotResult) -> Gate:
@@ -190,7 +190,8 @@ def _run_restore(c: Ctx) -> RestoreResult:
     c.say("restore: save, resume in a fresh process, compare the continuation")
     k, m = c.options.restore_steps
     return verify_restore(c.spec, k, m, c.run.path, base_dir=c.options.base_dir,
-                          catalog=c.catalog, check_memory=c.options.check_memory)
+                          catalog=c.catalog, check_memory=c.options.check_memory,
+                          progress=lambda msg: c.say(f"restore: {msg}"))
 
 
 def _gate_restore(c: Ctx, restore: RestoreResult) -> Gate:
@@ -228,8 +229,8 @@ def _run_scale(c: Ctx) -> ScalingResult:
 
     c.say(f"scale: torchrun, 1 rank vs {c.nproc} ranks, DDP and FSDP, same global batch")
     return scale(c.spec, c.nproc, ("ddp", "fsdp"), out=c.run.path, steps=c.options.scale_steps,
-                 base_dir=c.options.base_dir, catalog=c.catalog, progress=c.say,
-                 check_memory=c.options.check_memory)
+                 base_dir=c.options.base_dir, catalog=c.catalog,
+                 progress=lambda msg: c.say(f"scale: {msg}"), check_memory=c.options.check_memory)
 
 
 def _gate_scale(c: Ctx, scale: ScalingResult) -> Gate:

@@ -46,12 +46,14 @@ def restore(
               tunepilot restore examples/tiny-fsdp.yaml --nproc 2 --resume-nproc 1
               tunepilot restore --trainer hf --out runs/mine -- python train.py
     """
+    from tunepilot.views.progress import messages
     from tunepilot.views.restore import render_restore
 
     if trainer is not None:
         # click fills the optional SPEC with the command's first word: it is the command's
         cmd = ([str(spec)] if spec is not None else []) + list(ctx.args)
-        result, out = _trainer_proof(trainer, cmd, out, steps_before, steps_after)
+        with messages("restore") as say:
+            result, out = _trainer_proof(trainer, cmd, out, steps_before, steps_after, say)
     else:
         if spec is None:
             raise UserError("SPEC", "is required (or --trainer hf -- CMD ... for your own "
@@ -61,8 +63,9 @@ def restore(
                             "A command after -- is only for --trainer hf.")
         run_spec = load_run_spec(spec)
         out = out_dir(out, run_spec)
-        result = _proof(run_spec, spec, out, steps_before, steps_after, nproc, resume_nproc,
-                        not no_memory_check)
+        with messages("restore") as say:
+            result = _proof(run_spec, spec, out, steps_before, steps_after, nproc,
+                            resume_nproc, not no_memory_check, say)
     show(result, as_json, lambda r: render_restore(r, str(Path(out) / "restore.json")))
     if not result.passed:
         sys.stderr.write(f"error: {result.failure_message()}\n")
@@ -70,20 +73,20 @@ def restore(
 
 
 def _proof(run_spec, spec: Path, out: Path, k: int, m: int, nproc, resume_nproc,
-           check_memory: bool):
+           check_memory: bool, say):
     if nproc is None and resume_nproc is None:
         from tunepilot.restore import verify_restore
 
         return verify_restore(run_spec, k, m, out, base_dir=spec.parent,
-                              check_memory=check_memory)
+                              check_memory=check_memory, progress=say)
     from tunepilot.restore.sharded import verify_sharded_restore
 
     return verify_sharded_restore(run_spec, nproc or run_spec.parallel.world_size, k, m, out,
                                   resume_nproc=resume_nproc, base_dir=spec.parent,
-                                  progress=lambda msg: sys.stderr.write(f"restore: {msg}\n"))
+                                  progress=say)
 
 
-def _trainer_proof(trainer: str, cmd: list[str], out, k: int, m: int):
+def _trainer_proof(trainer: str, cmd: list[str], out, k: int, m: int, say):
     from tunepilot.restore.trainer import verify_trainer_restore
 
     if trainer not in ("hf", "lightning"):
@@ -94,7 +97,7 @@ def _trainer_proof(trainer: str, cmd: list[str], out, k: int, m: int):
                         "E.g. tunepilot restore --trainer hf --out runs/mine -- python train.py")
     out = Path(out or "runs/trainer-restore")
     return verify_trainer_restore(cmd, out, trainer=trainer, steps_before=k, steps_after=m,
-                                  progress=lambda msg: sys.stderr.write(f"restore: {msg}\n")), out
+                                  progress=say), out
 
 
 @app.command()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -116,16 +115,12 @@ def report(
 def _run_and_report(run_spec, out: Path, opts, as_json: bool) -> None:
     from tunepilot.pipeline import GateFailed, run_pipeline
     from tunepilot.report.html import build_report
+    from tunepilot.views.progress import messages
     from tunepilot.views.run import render_decision
 
-    t0 = time.perf_counter()
-
-    def say(msg: str) -> None:
-        sys.stderr.write(f"[{time.perf_counter() - t0:6.1f} s] {msg}\n")
-        sys.stderr.flush()
-
     try:
-        result = run_pipeline(run_spec, out, opts, say=say)
+        with messages("run") as say:
+            result = run_pipeline(run_spec, out, opts, say=say)
         failed = None
     except GateFailed as exc:
         result, failed = exc.result, exc

@@ -17,7 +17,6 @@ from tunepilot.cli.common import (
     Strategy,
     load_run_spec,
     out_dir,
-    say,
     show,
 )
 
@@ -59,15 +58,17 @@ def scale(
     from tunepilot.catalog import load_catalog
     from tunepilot.scaling.launch import Rendezvous
     from tunepilot.scaling.runner import scale as run_scale
+    from tunepilot.views.progress import messages
     from tunepilot.views.scale import render_scale
 
     run_spec = load_run_spec(spec)
     choices = {"both": ("ddp", "fsdp"), "ddp": ("ddp",), "fsdp": ("fsdp",)}
     rdzv = Rendezvous(nnodes=nnodes, node_rank=node_rank, endpoint=rdzv_endpoint,
                       backend=rdzv_backend, id=rdzv_id)
-    result = run_scale(run_spec, nproc, choices[strategy.value], out=out_dir(out, run_spec),
-                       steps=steps, warmup_steps=warmup_steps, base_dir=spec.parent,
-                       device=device.value, rdzv=rdzv, timeout_s=timeout_s,
-                       catalog=load_catalog(catalog), check_memory=not no_memory_check,
-                       progress=lambda msg: say(f"scale: {msg}"))
+    with messages("scale") as say:
+        result = run_scale(run_spec, nproc, choices[strategy.value],
+                           out=out_dir(out, run_spec), steps=steps, warmup_steps=warmup_steps,
+                           base_dir=spec.parent, device=device.value, rdzv=rdzv,
+                           timeout_s=timeout_s, catalog=load_catalog(catalog),
+                           check_memory=not no_memory_check, progress=say)
     show(result, as_json, render_scale)

@@ -50,7 +50,8 @@ def check_steps(steps_before: int, steps_after: int) -> None:
 def verify_restore(spec: RunSpec, steps_before: int = DEFAULT_STEPS_BEFORE,
                    steps_after: int = DEFAULT_STEPS_AFTER, run_dir: Path | str | None = None, *,
                    base_dir: Path | None = None, device: str | None = None, catalog=None,
-                   hook: str | None = None, check_memory: bool = True) -> RestoreResult:
+                   hook: str | None = None, check_memory: bool = True,
+                   progress=None) -> RestoreResult:
     """Train, save, train on; resume in a fresh process; compare. Writes RUN_DIR/restore.json.
     ``hook`` names a test-support object that alters the run on purpose (tests only)."""
     from tunepilot.catalog import load_catalog
@@ -59,18 +60,21 @@ def verify_restore(spec: RunSpec, steps_before: int = DEFAULT_STEPS_BEFORE,
     check_steps(steps_before, steps_after)
     if run_dir is None:
         raise UserError("--out", "the restore proof needs a run directory for its checkpoint.")
+    say = progress or (lambda _msg: None)
     run = RunDir(run_dir)
     spec_hash = spec.spec_hash()
     run.check_spec(spec_hash)
     info = probe_device(catalog or load_catalog(), device=device)
     if check_memory:
         _check_memory(spec, info, base_dir)
+    say(f"original: build the model, train {steps_before} steps, save, train {steps_after} more")
     original = run_original(spec, steps_before, steps_after, run.path, base_dir,
                             info.torch_device)
     original["device_info"] = dict(info.summary(), torch_device=info.torch_device)
     h = load_hook(hook)
     if hasattr(h, "after_save"):
         h.after_save(Path(original["checkpoint"]))
+    say(f"fresh process: load the checkpoint, train the same {steps_after} steps")
     result = verdict(original, run_fresh(original, run.path, hook), hook)
     run.write(result, spec_hash)
     if run.manifest().device is None:  # the pilot writes it; the cost stage reads card_id there

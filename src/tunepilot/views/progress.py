@@ -1,46 +1,99 @@
 """Progress while long work runs, on stderr (never stdout, which --json keeps for its result):
-a bar on a terminal; off a terminal (CI logs, pipes, nohup) a timestamped line when the phase
-changes and every few seconds while it lasts, so a log shows the work is alive."""
+a bar or a spinner on a terminal; off a terminal (CI logs, pipes, nohup) a timestamped line when
+the phase changes and, while a phase lasts, a "still running" line every few seconds, so a log
+shows the work is alive even through one long silent call (a model build, a trace, a child
+process). TUNEPILOT_PROGRESS_EVERY_S sets the interval (default 5 s).
+
+    progress(what)  -> callback(phase, done, total)   counted work (pilot steps, data files)
+    messages(what)  -> say(message)                    stage-level messages (run, restore, scale)
+    ticking(what, phase)                               one long call with nothing to count
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 LINE_EVERY_S = 5.0
 
 Progress = Callable[[str, int, int | None], None]
+Say = Callable[[str], None]
+
+
+def _every_s() -> float:
+    try:
+        value = float(os.environ.get("TUNEPILOT_PROGRESS_EVERY_S", LINE_EVERY_S))
+    except ValueError:
+        return LINE_EVERY_S
+    return value if 0.05 <= value <= 3600 else LINE_EVERY_S
 
 
 class _Lines:
-    """Progress as log lines: 'pilot [12.3 s] measure steps 7/100'."""
+    """Progress as log lines: 'pilot [12.3 s] measure steps 7/100'; a heartbeat thread adds
+    'pilot [17.3 s] measure steps 7/100 (still running)' when nothing was written for a while."""
 
-    def __init__(self, what: str, stream, every_s: float = LINE_EVERY_S):
-        self.what, self.stream, self.every_s = what, stream, every_s
+    def __init__(self, what: str, stream, every_s: float | None = None):
+        self.what, self.stream = what, stream
+        self.every_s = _every_s() if every_s is None else every_s
         self.t0 = time.monotonic()
         self.phase: str | None = None
+        self.count = ""
         self.last = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __call__(self, phase: str, done: int, total: int | None) -> None:
         now = time.monotonic()
-        if phase == self.phase and now - self.last < self.every_s:
-            return
-        self.phase, self.last = phase, now
-        count = f" {done}/{total}" if total else (f" {done}" if done else "")
-        self.stream.write(f"{self.what} [{now - self.t0:6.1f} s] {phase}{count}\n")
+        with self._lock:
+            self.count = f" {done}/{total}" if total else (f" {done}" if done else "")
+            if phase == self.phase and now - self.last < self.every_s:
+                return
+            self.phase = phase
+            self._write(now, "")
+
+    def _write(self, now: float, suffix: str) -> None:
+        self.last = now
+        self.stream.write(f"{self.what} [{now - self.t0:6.1f} s] {self.phase}{self.count}"
+                          f"{suffix}\n")
         self.stream.flush()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(1.0, self.every_s / 2)):
+            now = time.monotonic()
+            with self._lock:
+                if self.phase is not None and now - self.last >= self.every_s:
+                    self._write(now, " (still running)")
+
+    def __enter__(self) -> _Lines:
+        self._thread = threading.Thread(target=self._beat, name="tunepilot-progress",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
 
 
 @contextlib.contextmanager
 def progress(what: str) -> Iterator[Progress]:
     """A progress callback(phase, done, total) for one command's long work."""
-    from rich.console import Console
-
-    err = Console(stderr=True, highlight=False)
+    err = _console()
     if not err.is_terminal:
-        yield _Lines(what, sys.stderr)
+        with _Lines(what, sys.stderr) as lines:
+            yield lines
         return
     from rich.progress import (
         BarColumn,
@@ -67,26 +120,38 @@ def progress(what: str) -> Iterator[Progress]:
 
 
 @contextlib.contextmanager
-def ticking(what: str, phase: str, every_s: float = LINE_EVERY_S) -> Iterator[None]:
-    """For work with no steps to count (a trace in a child process, a model build): a spinner
-    with the elapsed time on a terminal, else a line every few seconds that it still runs."""
-    import threading
+def messages(what: str) -> Iterator[Say]:
+    """say(message) for stage-level messages, each printed once (a repeat is left to the
+    heartbeat); on a terminal each stays on screen and a spinner with the elapsed time shows
+    the current one."""
+    err = _console()
+    if not err.is_terminal:
+        with _Lines(what, sys.stderr) as lines:
+            def say(msg: str) -> None:
+                if msg != lines.phase:
+                    lines(msg, 0, None)
 
+            yield say
+        return
+    t0 = time.monotonic()
+    with err.status(what) as status:
+        last: list[str] = []
+
+        def say(msg: str) -> None:
+            if last and last[-1] == msg:
+                return
+            last.append(msg)
+            err.print(f"{what} [{time.monotonic() - t0:6.1f} s] {msg}", markup=False)
+            status.update(msg)
+
+        yield say
+
+
+@contextlib.contextmanager
+def ticking(what: str, phase: str) -> Iterator[None]:
+    """For work with no steps to count (a trace in a child process, a model build): a spinner
+    with the elapsed time on a terminal, else the phase and a line every few seconds that it
+    still runs."""
     with progress(what) as say:
         say(phase, 0, None)
-        if not isinstance(say, _Lines):  # rich refreshes the spinner and elapsed time itself
-            yield
-            return
-        stop = threading.Event()
-
-        def tick() -> None:
-            while not stop.wait(every_s):
-                say(phase, 0, None)
-
-        thread = threading.Thread(target=tick, name="tunepilot-progress", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join(timeout=2)
+        yield
