@@ -152,3 +152,26 @@ def test_export_result_reads_back_equal(run_dir, tmp_path):
     back = RunDir(run_dir).read(ExportResult)
     assert back == ExportResult.from_dict(result.to_dict())
     assert back.to_dict() == json.loads((run_dir / "export.json").read_text())
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_full_destination_stops_with_a_message_and_the_run_is_untouched(run_dir, tmp_path):
+    import sys
+
+    from tests.support.full_disk import available, run_on_full_disk
+
+    if not available():
+        pytest.skip("mounting a small tmpfs needs root / CAP_SYS_ADMIN")
+    before = _tree(run_dir)
+    exe = str(Path(sys.executable).with_name("tunepilot"))
+    # 40 KiB: the stage result and the log fit, the checkpoint's shards do not
+    proc = run_on_full_disk(tmp_path / "dest", 40, [exe, "export", str(run_dir),
+                                                     str(tmp_path / "dest" / "x")])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the destination is full" in proc.stderr and "Traceback" not in proc.stderr
+    assert "run the export again" in proc.stderr
+    assert _tree(run_dir) == before  # no export.json, nothing rewritten

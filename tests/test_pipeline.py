@@ -206,3 +206,29 @@ def test_an_older_result_gets_a_rerun_message_not_a_traceback(tiny_run, tmp_path
     notes = " ".join(json.loads(proc.stdout)["notes"])  # the quote goes on, projected, and says so
     assert "pilot.json was not used" in notes and "written by an older tunepilot" in notes
     assert "Traceback" not in proc.stderr
+
+
+def test_run_on_a_disk_that_fills_up_stops_cleanly_and_keeps_what_it_wrote(tmp_path):
+    import shlex
+
+    from tests.support.full_disk import available, run_on_full_disk
+
+    if not available():
+        pytest.skip("mounting a small tmpfs needs root / CAP_SYS_ADMIN")
+    exe = str(Path(sys.executable).with_name("tunepilot"))
+    mnt, kept = tmp_path / "disk", tmp_path / "kept"
+    # 400 KiB: the plan and the pilot's results fit; the restore proof's checkpoint does not
+    proc = run_on_full_disk(mnt, 400, [exe, "run", str(ROOT / "examples" / "tiny.yaml"),
+                                       "--out", str(mnt / "r")],
+                            after=f"cp -a {shlex.quote(str(mnt / 'r'))} {shlex.quote(str(kept))}")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode in (1, 2), text[-3000:]
+    assert "Traceback" not in text
+    assert "disk is full" in text or "No space left on device" in text, text[-3000:]
+    written = list(kept.glob("*.json"))
+    assert any(p.name == "plan.json" for p in written)
+    for p in written:  # whatever was written before the disk filled is whole
+        json.loads(p.read_text())
+    for stage in ("pilot", "restore", "scale", "quote"):  # "See X.json" only for a file there
+        if not (kept / f"{stage}.json").exists():
+            assert f"{stage}.json" not in text.split("Not ready")[-1].replace("\n", "")

@@ -350,8 +350,9 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
 
 def _stop(c: Ctx, decision: Decision, stage: str, reason: str) -> None:
     decision.warnings = c.warnings
-    decision.decision = f"Not ready: {stage} failed - {reason.rstrip('.')}. See " \
-                        f"{c.run.path}/{stage}.json."
+    result = c.run.path / f"{stage}.json"
+    see = f"See {result}." if result.exists() else f"The logs are in {c.run.path / 'logs'}."
+    decision.decision = f"Not ready: {stage} failed - {reason.rstrip('.')}. {see}"
     c.run.write(decision)
     raise GateFailed(decision)
 

@@ -77,7 +77,8 @@ def export_run(run_dir: Path | str, dest: str, *, storage_options: dict | None =
     _check_local_checkpoints(run.path, rels)
     files, failures, copy_s = [], [], 0.0
     for rel in rels:
-        entry, spent, problem = _export_one(fs, run.path / rel, _join(root, rel), rel)
+        entry, spent, problem = _export_one_or_stop(fs, run.path / rel, _join(root, rel), rel,
+                                                    dest, len(files), len(rels))
         files.append(entry)
         copy_s += spent
         if problem:
@@ -91,10 +92,35 @@ def export_run(run_dir: Path | str, dest: str, *, storage_options: dict | None =
     run.write(result)
     # last: the manifest (write_stage just updated it) and export.json itself, verified too
     for rel in (MANIFEST, EXPORT):
-        _, _, problem = _export_one(fs, run.path / rel, _join(root, rel), rel)
+        _, _, problem = _export_one_or_stop(fs, run.path / rel, _join(root, rel), rel, dest,
+                                            len(rels), len(rels))
         if problem:
             raise ExportError(f"{problem}. Run the export again (it resumes).")
     return result
+
+
+def _export_one_or_stop(fs, src: Path, dst: str, rel: str, dest: str, done: int, total: int
+                        ) -> tuple[ExportedFile, float, str | None]:
+    """_export_one; a destination that cannot take the file (full, not writable, gone) ends
+    the export with a message naming the file - the run directory is not touched."""
+    import errno
+
+    try:
+        return _export_one(fs, src, dst, rel)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            why = "the destination is full (no space left on device)"
+            fix = "Free space there or export elsewhere"
+        elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            why = f"the destination is not writable ({exc.strerror})"
+            fix = "Export to a location you can write"
+        else:
+            why = f"{exc.strerror or exc}"
+            fix = "Check the destination"
+        raise ExportError(f"export to {dest} stopped at {rel} ({done} of {total} files "
+                          f"done): {why}. {fix}, then run the export again: it resumes, and "
+                          "files already there intact are skipped. The run directory is "
+                          "unchanged.") from None
 
 
 def _export_one(fs, src: Path, dst: str, rel: str) -> tuple[ExportedFile, float, str | None]:

@@ -248,9 +248,10 @@ def _write_dcp(tmp: Path, name: str, sd: dict, encoding: str, rank: int) -> dict
             dcp.save(sd, storage_writer=writer, no_dist=world == 1)
     except (Exception, CheckpointException) as exc:  # DCP wraps OSError (disk full) in a
         # CheckpointException, which derives from BaseException, not Exception
-        raise CheckpointError(f"writing the {name} state failed: {_describe(exc, tmp)}. The "
-                              "previous checkpoint is untouched.", component=name, file=name,
-                              rank=rank) from None
+        why = _describe(exc, tmp)
+        intact = "" if "intact" in why else " The previous checkpoint is untouched."
+        raise CheckpointError(f"writing the {name} state failed: {why}.{intact}",
+                              component=name, file=name, rank=rank) from None
     out = {}
     digests = getattr(writer, "file_digests", {})
     for p in sorted((tmp / name).glob(f"__{rank}_*")):
