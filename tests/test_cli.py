@@ -71,3 +71,24 @@ def test_restore_off_a_terminal_says_what_it_does_and_that_it_is_alive(tmp_path)
     assert any("fresh process: load the checkpoint" in x for x in lines)
     assert any(x.endswith("(still running)") for x in lines), proc.stderr
     assert proc.stdout.lstrip().startswith("{")  # stdout stays the JSON result
+
+
+def test_report_refuses_a_checkpoint_directory_and_writes_nothing_into_it(tmp_path):
+    ckpt = tmp_path / "checkpoints" / "step-4"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "manifest.json").write_text("{}")
+    proc = _cli("report", str(ckpt))
+    assert proc.returncode == 2 and "is a checkpoint directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in ckpt.iterdir()) == ["manifest.json", "model"]
+
+
+@pytest.mark.parametrize("content", ["{broken", '{"schema_version": 1, "fits": "yes"}', ""])
+def test_plan_calibrate_on_a_malformed_pilot_json_names_it(tmp_path, content):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "pilot.json").write_text(content)
+    proc = _cli("plan", str(ROOT / "examples" / "tiny.yaml"), "--calibrate", str(run))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--calibrate" in proc.stderr and "pilot.json" in proc.stderr
+    assert "Traceback" not in proc.stderr

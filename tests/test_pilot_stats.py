@@ -184,3 +184,22 @@ def test_provenance_env_and_git(tmp_path):
     assert relevant_env(env) == {k: env[k] for k in ("CUBLAS_WORKSPACE_CONFIG", "HIP_VISIBLE_DEVICES",
                                                      "NCCL_DEBUG", "PYTORCH_CUDA_ALLOC_CONF")}
     assert git_state(tmp_path) is None
+
+
+def test_a_wide_interval_or_a_loaded_machine_is_said_not_called_converged(monkeypatch):
+    from tunepilot.pilot import load
+    from tunepilot.pilot.assemble import _confidence
+
+    assert _confidence(0.02, None).startswith("converged")
+    wide = _confidence(0.43, None)
+    assert "+-43%" in wide and "wider than +-10%" in wide and not wide.startswith("converged")
+
+    monkeypatch.setattr(load.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    monkeypatch.setattr(load.os, "cpu_count", lambda: 2)
+    ticks = iter([[100, 0, 50, 800, 0, 0, 0, 0], [200, 0, 100, 1550, 0, 0, 0, 100]])
+    monkeypatch.setattr(load, "_cpu_times", lambda: next(ticks))
+    m = load.MachineLoadWatch().stop()
+    assert m.loaded and m.load_average_1m == 3.0 and abs(m.cpu_steal_fraction - 0.1) < 1e-9
+    said = _confidence(0.02, m)
+    assert "load average 3.00 on 2 cores" in said and "stole 10%" in said
+    assert not said.startswith("converged")

@@ -175,3 +175,32 @@ def test_scale_result_reads_back_equal(scaled):
     back = RunDir(out).read(ScalingResult)
     assert back == ScalingResult.from_dict(result.to_dict())
     assert back.to_dict() == json.loads((out / "scale.json").read_text())
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_signal_to_tunepilot_scale_leaves_no_rank_running(tmp_path, sig):
+    """SIGTERM is forwarded to torchrun's group; even SIGKILL of tunepilot (which cannot be
+    caught) ends torchrun and the ranks through the parent-death signal."""
+    import signal
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("tunepilot")
+    out = tmp_path / f"scale-{sig}"
+    proc = subprocess.Popen([str(exe), "scale", str(TINY), "--nproc", "2", "--steps", "200",
+                             "--strategy", "ddp", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    ranks: list = []
+    while time.monotonic() < deadline and len(ranks) < 2:  # wait until both ranks run
+        ranks = [p for p in psutil.process_iter(["cmdline"])
+                 if "tunepilot.scaling.worker" in " ".join(p.info["cmdline"] or [])
+                 and str(out) in " ".join(p.info["cmdline"] or [])]
+        time.sleep(0.2)
+    assert len(ranks) >= 2, "the ranks never started"
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=60)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and _leftovers(str(out)):
+        time.sleep(0.5)
+    assert _leftovers(str(out)) == []

@@ -249,9 +249,9 @@ def rank_main(job: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from tunepilot.child import die_with_parent, read_job
+    from tunepilot.child import LAUNCHERS, die_with_parent, read_job
 
-    die_with_parent()
+    die_with_parent(parent_runs=LAUNCHERS)
     job = read_job(argv)
     record(rank_main)(job)
     return 0

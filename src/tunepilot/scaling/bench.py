@@ -115,9 +115,9 @@ def run(sizes_bytes: list[int], iters: int, warmup: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tunepilot.child import die_with_parent
+    from tunepilot.child import LAUNCHERS, die_with_parent
 
-    die_with_parent()  # torchrun gone (tunepilot killed): this rank goes too
+    die_with_parent(parent_runs=LAUNCHERS)  # torchrun gone (tunepilot killed): this rank goes too
     p = argparse.ArgumentParser(prog="python -m tunepilot.scaling.bench")
     p.add_argument("--out", required=True, help="JSON file local rank 0 of each node writes")
     p.add_argument("--sizes-bytes", default=",".join(str(s) for s in DEFAULT_SIZES_BYTES))

@@ -21,6 +21,7 @@ and torchrun's own output (with the tee'd rank lines) to LOG_DIR/torchrun.log.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import signal
@@ -174,7 +175,9 @@ def launch(name: str, module: str, module_args: list[str], *, nproc: int, log_di
         out.write(("$ " + " ".join(cmd) + "\n").encode())
         out.flush()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                start_new_session=True, preexec_fn=die_with_parent)
+                                start_new_session=True,
+                                preexec_fn=functools.partial(die_with_parent,
+                                                             parent_pid=os.getpid()))
         tracked = _Tree(proc.pid)
         try:
             while proc.poll() is None:

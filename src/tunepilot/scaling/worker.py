@@ -308,9 +308,9 @@ def _report(out: Path, record: dict, rank: int, local_rank: int, world: int) -> 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from tunepilot.child import die_with_parent, read_job
+    from tunepilot.child import LAUNCHERS, die_with_parent, read_job
 
-    die_with_parent()  # torchrun gone (tunepilot killed): this rank goes too
+    die_with_parent(parent_runs=LAUNCHERS)  # torchrun gone (tunepilot killed): this rank goes too
     job = read_job(argv)
 
     @record
