@@ -147,3 +147,15 @@ def test_bad_input_exits_2_without_a_traceback(tmp_path):
         proc = subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, (args, proc.stderr)
         assert "Traceback" not in proc.stderr and "error" in proc.stderr.lower()
+
+
+@pytest.mark.parametrize("name,key", [("llamafactory-llama3-lora-sft.yaml",
+                                       "per_device_eval_batch_size"),
+                                      ("trl-sft.yaml", "per_device_eval_batch_size"),
+                                      ("axolotl-lora-8b.yml", "eval_batch_size")])
+def test_the_evaluation_batch_becomes_the_validation_micro_batch(tmp_path, name, key):
+    p = tmp_path / name
+    p.write_text((CONFIGS / name).read_text() + f"\n{key}: 16\n")
+    r = import_config(p, options=ImportOptions(synthetic_data=True))
+    assert r.spec.validation.micro_batch_size == 16
+    assert key in r.mapped

@@ -266,3 +266,37 @@ def test_torch_compile_is_modelled_on_the_traced_plan_and_said_so():
     a, b = plan_of(eager, raw), plan_of(compiled, raw)
     assert b.per_device.activations_bytes < a.per_device.activations_bytes
     assert any("torch_compile" in n and "MODELLED" in n for n in b.assumptions)
+
+
+def test_the_validation_pass_is_a_phase_of_the_timeline_and_can_set_the_peak():
+    """A forward without gradients at validation.micro_batch_size: planned and traced; a
+    large evaluation batch (HF's per_device_eval_batch_size) moves the peak there."""
+    small = tiny()
+    big = tiny(validation={"micro_batch_size": 64})
+    for spec, peak_there in ((small, False), (big, True)):
+        analytic = analytic_plan(spec, resolve_arch(spec), "cuda")
+        plan = plan_of(spec, traced(spec))
+        for p in (analytic, plan):
+            v = next(ph for ph in p.phases if ph.name == "validation")
+            assert v.gradients_bytes == 0 and v.activations_bytes <= 4 * CUDA_BLOCK_BYTES
+            assert (p.peak_phase == "validation") is peak_there, (p.fidelity, p.peak_phase)
+        va = next(ph for ph in analytic.phases if ph.name == "validation").total_bytes
+        vt = next(ph for ph in plan.phases if ph.name == "validation").total_bytes
+        assert abs(vt - va) / vt < 0.15  # the derivation agrees with the traced pass
+
+
+def test_fsdp_cpu_offload_moves_the_sharded_states_to_the_host_in_both_plans():
+    base = {"method": {"kind": "full"}, "precision": "bf16-mixed"}
+    on = tiny(**base, parallel={"strategy": "fsdp", "devices": 4, "cpu_offload": True})
+    off = tiny(**base, parallel={"strategy": "fsdp", "devices": 4})
+    raw = traced(on)  # the trace is of one device: the same for both
+    a_on = analytic_plan(on, resolve_arch(on), "cuda")
+    a_off = analytic_plan(off, resolve_arch(off), "cuda")
+    for with_offload, without in ((a_on, a_off), (plan_of(on, raw), plan_of(off, raw))):
+        for ph in with_offload.phases:
+            assert (ph.weights_bytes, ph.master_weights_bytes, ph.gradients_bytes,
+                    ph.optimizer_bytes) == (0, 0, 0, 0), (with_offload.fidelity, ph.name)
+        assert with_offload.per_device.allocated_peak_bytes < \
+            without.per_device.allocated_peak_bytes
+        note = next(a for a in with_offload.assumptions if a.startswith("cpu_offload"))
+        assert "host memory" in note and "per rank" in note

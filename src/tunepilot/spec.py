@@ -246,6 +246,9 @@ class DataSpec(_Strict):
 class ValidationSpec(_Strict):
     every_steps: int = Field(default=500, gt=0, le=10**12)
     num_batches: int = Field(default=20, gt=0, le=10**6)
+    micro_batch_size: int | None = Field(default=None, gt=0, le=2**20)
+    """Sequences per validation batch (HF's per_device_eval_batch_size); None: the training
+    micro-batch. The plan's validation phase and the pilot's validation pass use it."""
 
 
 class CheckpointSpec(_Strict):
@@ -377,6 +380,10 @@ class RunSpec(_Strict):
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch_size * self.sequence_length
+
+    @property
+    def validation_micro_batch_size(self) -> int:
+        return self.validation.micro_batch_size or self.micro_batch_size
 
     @property
     def global_batch_samples(self) -> int:

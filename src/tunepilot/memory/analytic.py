@@ -134,9 +134,9 @@ def _parallelize(spec: RunSpec, s: _States, counts: ParamCounts, cb: int) -> _St
         s.notes.append(f"FSDP2 over {N} ranks: parameters, gradients and optimizer state sharded "
                        f"1/{N}; unsharded {what} in compute dtype")
         if par.cpu_offload:
+            host = s.weights + s.master + s.grads + s.optim
             s.weights = s.master = s.optim = s.grads = s.optim_temp = 0
-            s.notes.append("cpu_offload: sharded parameters, gradients and optimizer state on "
-                           "host")
+            s.notes.append(offload_note(host))
     elif par.strategy == "ddp" and N > 1:
         s.buckets = s.grads
         s.notes.append("DDP: gradient buckets are a second copy of the gradients "
@@ -144,8 +144,18 @@ def _parallelize(spec: RunSpec, s: _States, counts: ParamCounts, cb: int) -> _St
     return s
 
 
+def offload_note(host_bytes: int) -> str:
+    from tunepilot.units import fmt_bytes
+
+    return ("cpu_offload (FSDP2 CPUOffloadPolicy): sharded parameters, gradients and optimizer "
+            f"state live in host memory, {fmt_bytes(host_bytes)} per rank (pinned), and the "
+            "optimizer steps on the CPU; on the device: each layer's unsharded parameters while "
+            "it computes, its gradients until they are reduce-scattered and copied out")
+
+
 def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
-    """The four phases of step 2+, and the largest weight (what the load holds besides)."""
+    """The four phases of step 2+ and the validation pass, and the largest weight (what the
+    load holds besides)."""
     cb, sb, _ = precision_bytes(spec)
     tokens = spec.tokens_per_micro_batch
     shard = spec.parallel.world_size if spec.parallel.strategy == "fsdp" else 1
@@ -176,8 +186,23 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         Phase.make("backward-end", *states, s.grads, s.optim, layer_ws,
                    cb * largest + dequant + s.unsharded, s.buckets),
         Phase.make("optimizer-step", *states, s.grads, s.optim, 0, s.optim_temp, s.buckets),
+        _validation_phase(spec, arch, s, cb, sb),
     ]
     return phases, largest
+
+
+def _validation_phase(spec: RunSpec, arch: Arch, s: _States, cb: int, sb: int) -> Phase:
+    """The validation pass: a forward without gradients at the validation micro-batch. The
+    model states stay (gradients were freed by zero_grad(set_to_none=True)); nothing is saved
+    for backward; the transient is one layer's working set, the logits, their fp32 upcast and
+    the loss's fp32 log-softmax (all alive together in the loss, as the trace shows), and
+    FSDP's unsharded layers."""
+    tokens = spec.validation_micro_batch_size * spec.sequence_length
+    _, layer_ws = saved_activations(arch, spec, cb, sb, tokens)
+    log_softmax, _ = logits_bytes(arch, spec, cb, tokens)
+    transient = (layer_ws + logits_forward_bytes(arch, spec, cb, tokens) + log_softmax
+                 + s.unsharded)
+    return Phase.make("validation", s.weights, s.master, 0, s.optim, 0, transient, s.buckets)
 
 
 def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:

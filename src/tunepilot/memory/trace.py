@@ -41,6 +41,7 @@ from tunepilot.child import ChildFailed, run_child
 from tunepilot.memory.analytic import (
     FSDP_UNSHARDED_LAYERS,
     analytic_plan,
+    offload_note,
     per_device_figures,
     runtime_constants,
 )
@@ -309,12 +310,31 @@ def _derive_fsdp(spec: RunSpec, raw: dict, phases: list[dict]) -> tuple[list[dic
         else:
             q["temporary"] = p["temporary"] - ct + ct // N + unsharded
         out.append(q)
+    if spec.parallel.cpu_offload:
+        out, host = _offloaded(out)
+        offloaded = [offload_note(host)]
+    else:
+        offloaded = []
     notes = [f"FSDP2 over {N} ranks: per-rank figures derived from the single-device trace "
              "(fully_shard under a fake process group is not traced: it resizes storages in "
              "place, which a dispatch-mode tracker cannot see); parameters, gradients and "
              f"optimizer state sharded 1/{N} per tensor with FSDP2's dim-0 padding; unsharded "
-             f"{what} in the compute dtype"]
+             f"{what} in the compute dtype", *offloaded]
     return out, notes
+
+
+def _offloaded(phases: list[dict]) -> tuple[list[dict], int]:
+    """FSDP2 CPU offload: the sharded states leave the device; the optimizer steps on the host
+    (its temporaries with it). The host bytes: the largest sharded states of any phase."""
+    host = max(p["weights"] + p["master_weights"] + p["gradients"] + p["optimizer"]
+               for p in phases)
+    out = []
+    for p in phases:
+        q = dict(p, weights=0, master_weights=0, gradients=0, optimizer=0)
+        if p["name"].startswith("optimizer"):
+            q["temporary"] = 0
+        out.append(q)
+    return out, host
 
 
 def _is_master(spec: RunSpec, trainable: bool) -> bool:

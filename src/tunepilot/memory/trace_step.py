@@ -225,7 +225,30 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
             torch.cuda.synchronize()
             allocator = {"cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
                          "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
+        _validation_pass(t, mask)
     return n_step1, step2, allocator
+
+
+def _validation_pass(t: _Traced, mask) -> None:
+    """One validation batch as training.evaluate runs it: eval mode, no gradients, the
+    validation micro-batch (the optimizer state stays; the gradients were freed)."""
+    from tunepilot.training import autocast_context, compute_loss
+
+    spec = t.spec
+    b = spec.validation_micro_batch_size
+    vocab = int(t.run.model.config.vocab_size)
+    ids = torch.randint(0, vocab, (b, spec.sequence_length), device=t.dev)
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    if mask is not None:
+        batch["attention_mask"] = torch.ones(b, spec.sequence_length, dtype=torch.long,
+                                             device=t.dev)
+    w = t.tracker.open_window("validation")
+    t.run.model.eval()
+    with torch.no_grad(), autocast_context(spec, t.dev.type):
+        loss = compute_loss(t.run.model, batch, spec)
+    del loss, batch
+    t.run.model.train()
+    t.tracker.close_window(w)
 
 
 def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,

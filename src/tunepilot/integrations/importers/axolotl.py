@@ -27,7 +27,7 @@ MAPPED = {"base_model", "base_model_config", "adapter", "load_in_4bit", "load_in
           "weight_decay", "warmup_steps", "bf16", "fp16", "bfloat16", "float16", "tf32",
           "gradient_checkpointing", "datasets", "train_on_inputs", "chat_template", "fsdp",
           "fsdp_config", "deepspeed", "seed", "tokenizer_config", "torch_compile", "val_set_size",
-          "eval_steps", "evals_per_epoch", "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant"}
+          "eval_steps", "evals_per_epoch", "eval_batch_size", "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant"}
 KNOWN = MAPPED | {
     "model_type", "tokenizer_type", "trust_remote_code", "strict", "dataset_prepared_path",
     "output_dir", "pad_to_sequence_len", "lora_model_dir", "lora_fan_in_fan_out", "wandb_project",
@@ -61,7 +61,8 @@ def convert(m: Mapper) -> None:
     _method(m)
     for key, dotted in (("sequence_len", "sequence_length"), ("micro_batch_size",
                         "micro_batch_size"), ("gradient_accumulation_steps",
-                                              "gradient_accumulation_steps"), ("seed", "seed")):
+                                              "gradient_accumulation_steps"), ("seed", "seed"),
+                        ("eval_batch_size", "validation.micro_batch_size")):
         value = number(m, key)
         if value is not None:
             m.set(dotted, value, key)

@@ -60,6 +60,7 @@ def convert(m: Mapper) -> None:
     _method(m)
     for key, dotted, kind in (("cutoff_len", "sequence_length", int),
                               ("per_device_train_batch_size", "micro_batch_size", int),
+                              ("per_device_eval_batch_size", "validation.micro_batch_size", int),
                               ("gradient_accumulation_steps", "gradient_accumulation_steps", int),
                               ("seed", "seed", int), ("learning_rate", "optimizer.lr", float),
                               ("weight_decay", "optimizer.weight_decay", float),

@@ -139,6 +139,7 @@ def _method(m: Mapper, peft: bool, *, rank_key: str, targets_key: str, rank_defa
 
 def _training(m: Mapper, *, trl: bool) -> None:
     for key, dotted, kind in (("per_device_train_batch_size", "micro_batch_size", int),
+                              ("per_device_eval_batch_size", "validation.micro_batch_size", int),
                               ("gradient_accumulation_steps", "gradient_accumulation_steps", int),
                               ("seed", "seed", int), ("learning_rate", "optimizer.lr", float),
                               ("weight_decay", "optimizer.weight_decay", float),
