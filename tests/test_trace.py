@@ -300,3 +300,37 @@ def test_fsdp_cpu_offload_moves_the_sharded_states_to_the_host_in_both_plans():
             without.per_device.allocated_peak_bytes
         note = next(a for a in with_offload.assumptions if a.startswith("cpu_offload"))
         assert "host memory" in note and "per rank" in note
+
+
+def test_torchtunes_levers_are_modelled_in_both_plans_and_refused_where_they_cannot_work(
+        tmp_path):
+    from tunepilot.errors import SpecError
+    from tunepilot.pilot.prepare import without_modelled_levers
+
+    cfg = dict(resolve_model_config(tiny()), num_hidden_layers=6)  # offloading keeps 2 layers
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    base = {"model": {"config": str(tmp_path / "config.json")}, "method": {"kind": "full"},
+            "precision": "bf16-true", "activation_checkpointing": "full", "micro_batch_size": 8}
+    plain = tiny(**base)
+    levers = tiny(**base, optimizer_in_backward=True, activation_offloading=True)
+    arch = resolve_arch(plain)
+    raw = traced(plain)  # the trace runs the plain step; the levers are modelled on top
+    for p0, p1 in ((analytic_plan(plain, arch, "cuda"), analytic_plan(levers, arch, "cuda")),
+                   (plan_of(plain, raw), traced_plan_from(levers, raw, analytic_plan(
+                       levers, arch, "cuda"), "cuda", arch))):
+        g0 = max(ph.gradients_bytes for ph in p0.phases)
+        g1 = max(ph.gradients_bytes for ph in p1.phases)
+        assert 0 < g1 < g0  # at most the largest parameter's gradient
+        a0 = next(ph.activations_bytes for ph in p0.phases if ph.name.startswith("forward"))
+        a1 = next(ph.activations_bytes for ph in p1.phases if ph.name.startswith("forward"))
+        assert a1 < a0
+        assert sum("MODELLED" in a and ("optimizer_in_backward" in a or
+                                        "activation_offloading" in a)
+                   for a in p1.assumptions) == 2
+    with pytest.raises(SpecError, match="gradient_accumulation_steps"):
+        tiny(optimizer_in_backward=True, gradient_accumulation_steps=4)
+    with pytest.raises(SpecError, match="fp16-mixed"):
+        tiny(optimizer_in_backward=True, precision="fp16-mixed")
+    run, notes = without_modelled_levers(levers)
+    assert not run.optimizer_in_backward and not run.activation_offloading
+    assert len(notes) == 2 and all("not measured here" in n for n in notes)

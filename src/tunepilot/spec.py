@@ -310,6 +310,13 @@ class RunSpec(_Strict):
     torch_compile: bool = False
     """the model compiled with torch.compile (Inductor fuses pointwise ops: fewer saved
     intermediates, its own workspace)"""
+    optimizer_in_backward: bool = False
+    """each parameter is stepped in its gradient hook and its gradient freed at once
+    (torchtune's optimizer_in_bwd): no full set of gradients is ever alive; needs
+    gradient_accumulation_steps 1 and no GradScaler"""
+    activation_offloading: bool = False
+    """saved activations go to host memory in the forward and come back in the backward
+    (torchtune's enable_activation_offloading): the device holds the layers in flight"""
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     data: DataSpec = Field(default_factory=DataSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
@@ -330,6 +337,17 @@ class RunSpec(_Strict):
                 "target.epochs needs a dataset (data.source) or target.dataset_tokens (useful "
                 "tokens in one epoch): synthetic data has no epochs"
             )
+        if self.optimizer_in_backward and self.gradient_accumulation_steps > 1:
+            raise ValueError(
+                "optimizer_in_backward steps each parameter as soon as its gradient exists, so "
+                f"gradients cannot accumulate over {self.gradient_accumulation_steps} "
+                "micro-batches; set gradient_accumulation_steps: 1 (and a larger "
+                "micro_batch_size) or optimizer_in_backward: false")
+        if self.optimizer_in_backward and self.precision == "fp16-mixed":
+            raise ValueError(
+                "optimizer_in_backward cannot unscale gradients it has already applied "
+                "(fp16-mixed needs a GradScaler over all of them); use bf16-mixed or "
+                "optimizer_in_backward: false")
         o = self.optimizer
         if o.name in ("adamw", "sgd") and o.state_dtype is not None and \
                 o.state_dtype != self.trainable_dtype:

@@ -116,9 +116,9 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
     L = arch.num_layers
     ac = spec.activation_checkpointing
     if ac == "none":
-        return L * per_layer, 0
+        return on_device(spec, L * per_layer, L), 0
     if ac == "full":
-        return L * sb * h * tokens, per_layer
+        return on_device(spec, L * sb * h * tokens, L), per_layer
     hq = arch.num_heads * arch.head_dim
     hkv = arch.num_kv_heads * arch.head_dim
     k = arch.experts_per_token if arch.num_experts > 1 else 1
@@ -131,7 +131,21 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
         mm_outs = cb * (hq + 2 * hkv + h + h) + cb * inter * (
             2 if arch.mlp_kind == "gated" else 1)
     kept = (sb * h + mm_outs + cb * hq + 4 * arch.num_heads) * tokens
-    return L * kept, per_layer
+    return on_device(spec, L * kept, L), per_layer
+
+
+OFFLOAD_LAYERS_ON_DEVICE = 2
+"""activation_offloading (torchtune's OffloadActivations): the decoder layers' saved tensors
+leave for host memory as the forward goes on and come back one layer ahead of the backward;
+the device holds about the layer in use and the one in flight. MODELLED (the trace runs
+without offloading)."""
+
+
+def on_device(spec: RunSpec, saved_layers_bytes: int, num_layers: int) -> int:
+    """The decoder layers' saved activations still on the device (all, unless offloaded)."""
+    if not spec.activation_offloading or num_layers <= OFFLOAD_LAYERS_ON_DEVICE:
+        return saved_layers_bytes
+    return saved_layers_bytes * OFFLOAD_LAYERS_ON_DEVICE // num_layers
 
 
 def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, int]:

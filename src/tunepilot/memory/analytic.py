@@ -144,6 +144,22 @@ def _parallelize(spec: RunSpec, s: _States, counts: ParamCounts, cb: int) -> _St
     return s
 
 
+def lever_notes(spec: RunSpec) -> list[str]:
+    """What the plan models on top of the step for torchtune's memory levers."""
+    from tunepilot.memory.activations import OFFLOAD_LAYERS_ON_DEVICE
+
+    out = []
+    if spec.optimizer_in_backward:
+        out.append("optimizer_in_backward: each parameter stepped in its gradient hook, its "
+                   "gradient freed at once - at most the largest parameter's gradient alive; "
+                   "MODELLED (the trace and the pilot run the plain step)")
+    if spec.activation_offloading:
+        out.append("activation_offloading: the decoder layers' saved activations in host "
+                   f"memory, {OFFLOAD_LAYERS_ON_DEVICE} layers' worth on the device; MODELLED "
+                   "(the trace and the pilot run without offloading)")
+    return out
+
+
 def offload_note(host_bytes: int) -> str:
     from tunepilot.units import fmt_bytes
 
@@ -177,15 +193,21 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
     largest = max([m.numel * (m.count_per_layer if m.peft_kind == "parameter" else 1)
                    for m in linears] + [s.lm_head_weights])  # fused experts: one tensor
     acc_grads = s.grads if spec.gradient_accumulation_steps > 1 else 0
+    grads, optim_temp = s.grads, s.optim_temp
+    if spec.optimizer_in_backward:  # each gradient lives only until its parameter is stepped
+        _, _, pb = precision_bytes(spec)
+        grads = min(s.grads, pb * largest)
+        optim_temp = min(s.optim_temp, pb * largest)
     states = (s.weights, s.master)
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
                    logits_fwd + s.unsharded, s.buckets),
         Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
                    logits_transient + s.unsharded, s.buckets),
-        Phase.make("backward-end", *states, s.grads, s.optim, layer_ws,
-                   cb * largest + dequant + s.unsharded, s.buckets),
-        Phase.make("optimizer-step", *states, s.grads, s.optim, 0, s.optim_temp, s.buckets),
+        Phase.make("backward-end", *states, grads, s.optim, layer_ws,
+                   cb * largest + dequant + s.unsharded + (optim_temp if grads < s.grads
+                                                           else 0), s.buckets),
+        Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
         _validation_phase(spec, arch, s, cb, sb),
     ]
     return phases, largest
@@ -254,6 +276,7 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
         notes.append("torch_compile: Inductor's partitioner recomputes pointwise ops - saved "
                      "activations x 0.8, MODELLED (the trace runs eager; it cannot compile on "
                      "fake tensors)")
+    notes += lever_notes(spec)
     if spec.model.task == "sequence-classification":
         notes.append(f"task sequence-classification: a {spec.model.num_labels}-label head on "
                      "the last token - no vocabulary logits")

@@ -41,6 +41,7 @@ from tunepilot.child import ChildFailed, run_child
 from tunepilot.memory.analytic import (
     FSDP_UNSHARDED_LAYERS,
     analytic_plan,
+    lever_notes,
     offload_note,
     per_device_figures,
     runtime_constants,
@@ -83,7 +84,7 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
             raise TraceFailed(f"model.task {spec.model.task} is planned analytically: the trace "
                               "runs a causal-LM training step (modelled, not traced)")
         plan = traced_plan_from(spec, trace_in_child(spec, config, stack, timeout_s=timeout_s),
-                                analytic, stack)
+                                analytic, stack, arch)
     except TraceFailed as exc:
         plan = _fallback(analytic, str(exc))
     except (KeyError, TypeError, ValueError) as exc:  # a result this version cannot read
@@ -129,7 +130,8 @@ def traced_peak_for_benchmark(spec: RunSpec, arch: Arch, config: dict | None = N
     config = config or resolve_model_config(spec)
     analytic = analytic_plan(spec, arch, "cuda")
     try:
-        plan = traced_plan_from(spec, trace_in_child(spec, config, "cuda"), analytic, "cuda")
+        plan = traced_plan_from(spec, trace_in_child(spec, config, "cuda"), analytic, "cuda",
+                                arch)
     except TraceFailed as exc:
         return {"note": f"fallback: {exc}"}
     d = plan.per_device
@@ -156,11 +158,16 @@ _TRACE_KEYS = ("attention_path", "attention_kernel", "optimizer_impl", "step1_pe
                "traced_on")
 
 
-def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str) -> MemoryPlan:
-    """Turn the child's trace (single device) into the plan of `spec` on one of its ranks."""
+def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str,
+                     arch: Arch | None = None) -> MemoryPlan:
+    """Turn the child's trace (single device) into the plan of `spec` on one of its ranks
+    (``arch`` for what is modelled on top of the trace: activation offloading)."""
     N, strategy = spec.parallel.world_size, spec.parallel.strategy
     notes = list(raw.get("notes", []))
     phases_in = [dict(_phase_bytes(p), name=p["name"]) for p in raw["phases"]]
+    if spec.activation_offloading or spec.optimizer_in_backward:
+        phases_in = _levers_on_trace(spec, arch, raw, phases_in)
+        notes += lever_notes(spec)
     if spec.torch_compile:  # the trace runs eager: compile's fusion is modelled on top of it
         from tunepilot.memory.activations import COMPILE_SAVED_FRACTION
 
@@ -335,6 +342,40 @@ def _offloaded(phases: list[dict]) -> tuple[list[dict], int]:
             q["temporary"] = 0
         out.append(q)
     return out, host
+
+
+def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: dict, phases: list[dict]
+                     ) -> list[dict]:
+    """torchtune's levers on the traced (plain) step, as the analytic plan models them:
+    optimizer_in_backward keeps at most the largest trainable tensor's gradient; activation
+    offloading keeps the in-flight layers' share of the decoder layers' saved activations
+    (the loss's saved tensors stay on the device)."""
+    from tunepilot.memory.activations import logits_bytes, precision_bytes, saved_activations
+
+    largest = max((b for _, b, t in raw["model"]["param_rows"] if t), default=0)
+    keep, logits_kept = 1.0, 0
+    if spec.activation_offloading:
+        if arch is None:
+            raise ValueError("activation_offloading on a traced plan needs the architecture")
+        cb, sb, _ = precision_bytes(spec)
+        tokens = spec.tokens_per_micro_batch
+        plain = spec.with_changes(activation_offloading=False)
+        full, _ = saved_activations(arch, plain, cb, sb, tokens)
+        dev, _ = saved_activations(arch, spec, cb, sb, tokens)
+        keep = dev / full if full else 1.0
+        logits_kept, _ = logits_bytes(arch, spec, cb, tokens)
+    out = []
+    for p in phases:
+        q = dict(p)
+        if spec.optimizer_in_backward:
+            q["gradients"] = min(p["gradients"], largest)
+            if p["name"].startswith("optimizer"):
+                q["temporary"] = min(p["temporary"], largest)
+        if keep < 1.0 and not p["name"].startswith(("optimizer", "validation")):
+            loss_part = min(p["activations"], logits_kept)
+            q["activations"] = loss_part + int((p["activations"] - loss_part) * keep)
+        out.append(q)
+    return out
 
 
 def _is_master(spec: RunSpec, trainable: bool) -> bool:

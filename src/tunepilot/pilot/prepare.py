@@ -46,6 +46,8 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     log(f"device: {info.kind} {info.name!r} card={info.card_id} torch {info.torch_version} "
         f"cuda={info.cuda_version} hip={info.hip_version}")
     pilot_spec, notes = single_device_spec(spec)
+    pilot_spec, modelled = without_modelled_levers(pilot_spec)
+    notes += modelled
     check_device_features(pilot_spec, info)
     arch = resolve_arch(pilot_spec, options.base_dir)
     plan = analytic_plan(pilot_spec, arch, info.kind)
@@ -115,6 +117,25 @@ def check_device_features(spec: RunSpec, info: DeviceInfo) -> None:
         raise UserError("method.kind" if spec.method.kind == "qlora" else "optimizer.name",
                         "this ROCm build has no bitsandbytes, which the spec needs.",
                         "Install the ROCm build of bitsandbytes, or use kind: lora / adamw.")
+
+
+MODELLED_LEVERS = {
+    "torch_compile": "the pilot runs the model eager (not compiled)",
+    "optimizer_in_backward": "the pilot steps the optimizer after the backward",
+    "activation_offloading": "the pilot keeps saved activations on the device",
+}
+
+
+def without_modelled_levers(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    """The spec the pilot really runs: levers the plan models but tunepilot's step does not
+    implement are turned off, each with a note (the measured figures and the plan they are
+    compared with are both of the plain step)."""
+    on = [k for k in MODELLED_LEVERS if getattr(spec, k)]
+    if not on:
+        return spec, []
+    notes = [f"{k}: {MODELLED_LEVERS[k]}; its effect is modelled in the plan, not measured here"
+             for k in on]
+    return spec.with_changes(**{k: False for k in on}), notes
 
 
 def local_memory(info: DeviceInfo) -> tuple[int, str]:
