@@ -334,3 +334,32 @@ def test_torchtunes_levers_are_modelled_in_both_plans_and_refused_where_they_can
     run, notes = without_modelled_levers(levers)
     assert not run.optimizer_in_backward and not run.activation_offloading
     assert len(notes) == 2 and all("not measured here" in n for n in notes)
+
+
+def test_a_python_gelu_saves_more_in_transformers_than_the_fused_gelu_other_code_calls(
+        tmp_path):
+    """Phi's gelu_new is Python elementwise ops in transformers (tanh out, 0.5x, 1+tanh saved
+    per layer); LitGPT calls the fused tanh GELU. The analytic plan and the trace agree on
+    the difference: the trace swaps the modules for the other implementations."""
+    cfg = {"model_type": "phi", "hidden_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 512,
+           "partial_rotary_factor": 0.5, "tie_word_embeddings": False,
+           "max_position_embeddings": 256, "hidden_act": "gelu_new"}
+    (tmp_path / "phi.json").write_text(json.dumps(cfg))
+    plans = {}
+    for impl in ("transformers", "torchtune"):  # torchtune: same loss, fused GELU
+        spec = tiny(model={"config": str(tmp_path / "phi.json"), "implementation": impl},
+                    method={"kind": "full"}, precision="bf16-true")
+        raw = traced(spec)
+        fwd = next(p for p in raw["phases"] if p["name"] == "forward")["activations_bytes"]
+        arch = resolve_arch(spec)
+        a = next(ph for ph in analytic_plan(spec, arch, "cuda").phases
+                 if ph.name == "forward-end").activations_bytes
+        plans[impl] = (fwd, a, raw["notes"])
+    tokens = 4 * 128
+    extra = 3 * 2 * 256 * tokens * 2  # 3 intermediate-sized bf16 tensors x 2 layers
+    traced_diff = plans["transformers"][0] - plans["torchtune"][0]
+    analytic_diff = plans["transformers"][1] - plans["torchtune"][1]
+    assert analytic_diff == extra
+    assert abs(traced_diff - extra) <= 0.1 * extra, (traced_diff, extra)
+    assert any("fused tanh GELU" in n for n in plans["torchtune"][2])

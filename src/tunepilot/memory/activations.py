@@ -69,7 +69,8 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     sdpa = cb * (2 * hq + 2 * hkv) + 4 * arch.num_heads
     # Megatron-core's fused bias-SwiGLU saves only its (gate, up) input: 2 x i, not 3 x i
     gated = 2 if spec.model.implementation == "megatron" else 3
-    mlp = (gated if arch.mlp_kind == "gated" else 1) * cb * i * k
+    mlp = (gated + python_activation_saves(arch, spec)
+           if arch.mlp_kind == "gated" else 1 + python_activation_saves(arch, spec)) * cb * i * k
     if arch.num_experts > 1:
         mlp += cb * h * k + 4 * arch.num_experts  # tokens gathered per expert + router logits
     total = norms + sdpa + mlp
@@ -79,6 +80,22 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     else:
         total += _lora_saved_bytes_per_token(arch, spec, cb)
     return total
+
+
+PYTHON_ACTIVATIONS = {"gelu_new": 3, "gelu_fast": 4, "quick_gelu": 1}
+"""transformers' activations written as Python elementwise ops, and the intermediate-sized
+tensors autograd saves beyond the activation's input: NewGELU (gelu_new: GPT-2, Phi) saves
+tanh's output, 0.5*x and 1+tanh; FastGELU also x*(1+0.044715x^2); QuickGELU sigmoid's
+output. LitGPT, torchtune, torchtitan and Megatron call the fused F.gelu(approximate="tanh"),
+which saves its input only."""
+
+
+def python_activation_saves(arch: Arch, spec: RunSpec) -> int:
+    """Extra intermediate-sized tensors saved per layer by a Python-coded activation (0 for a
+    fused one, and for every implementation but transformers')."""
+    if spec.model.implementation != "transformers":
+        return 0
+    return PYTHON_ACTIVATIONS.get(arch.hidden_act, 0)
 
 
 def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:

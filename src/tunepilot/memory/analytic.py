@@ -272,6 +272,14 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
             "megatron": "model.implementation megatron: fused bias-SwiGLU (saves 2 x i, not "
                         "3 x i) and fused cross-entropy (no fp32 logits copy)",
         }[impl] + "; the trace runs transformers' code and stands in for it")
+    from tunepilot.memory.activations import PYTHON_ACTIVATIONS, python_activation_saves
+
+    if arch.hidden_act in PYTHON_ACTIVATIONS:
+        extra = python_activation_saves(arch, spec)
+        notes.append(f"activation {arch.hidden_act}: " + (
+            f"transformers runs it as Python elementwise ops ({extra} more intermediate-sized "
+            "tensors saved per layer)" if extra else
+            f"{impl} calls the fused tanh GELU (its input saved only)"))
     if spec.torch_compile:
         notes.append("torch_compile: Inductor's partitioner recomputes pointwise ops - saved "
                      "activations x 0.8, MODELLED (the trace runs eager; it cannot compile on "

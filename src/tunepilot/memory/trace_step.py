@@ -98,6 +98,7 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
                 FakeTensorMode() if fake else None)  # its dispatch cache: layers 2..L are free
 
     def prepare(model):
+        fused_activations(model, spec, t.notes)
         if t.fake_mode is not None:
             to_fake(model, t.fake_mode)
         if spec.method.kind == "qlora":
@@ -113,6 +114,26 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
         with t.fake_mode or contextlib.nullcontext():
             t.run.state.scaler = ScalerStandIn(dev)
     return t
+
+
+def fused_activations(model, spec: RunSpec, notes: list[str]) -> int:
+    """LitGPT, torchtune, torchtitan and Megatron call the fused tanh GELU where transformers
+    runs NewGELU / FastGELU as Python elementwise ops (which save several intermediates): the
+    trace of those implementations swaps the modules so it saves what their code saves."""
+    if spec.model.implementation == "transformers":
+        return 0
+    from transformers.activations import FastGELUActivation, NewGELUActivation
+
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, NewGELUActivation | FastGELUActivation):
+                setattr(module, name, torch.nn.GELU(approximate="tanh"))
+                swapped += 1
+    if swapped:
+        notes.append(f"model.implementation {spec.model.implementation}: {swapped} Python GELU "
+                     "modules of transformers' code traced as the fused tanh GELU it calls")
+    return swapped
 
 
 def register_model(tracker: StorageTracker, model, spec, nf4: dict) -> dict:

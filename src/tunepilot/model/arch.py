@@ -151,6 +151,7 @@ class Arch:
     known_layout: bool  # False: model_type not in _FAMILY, counts are a llama-style estimate
     hf_id: str | None
     config_hash: str
+    hidden_act: str = "silu"  # the config's activation (hidden_act / activation_function)
 
     @property
     def kv_dim(self) -> int:
@@ -234,7 +235,16 @@ class Arch:
             known_layout=known,
             hf_id=meta.get("hf_id"),
             config_hash=config_hash(cfg),
+            hidden_act=_activation(cfg),
         )
+
+
+def _activation(cfg: dict[str, Any]) -> str:
+    for key in ("hidden_act", "activation_function", "hidden_activation"):
+        value = cfg.get(key)
+        if isinstance(value, str) and value:
+            return value.lower()[:64]
+    return "silu"
 
 
 def _need(cfg: dict[str, Any], *keys: str) -> int:
