@@ -271,3 +271,25 @@ def test_the_hf_trainer_restore_proof_passes_and_catches_ignore_data_skip(tmp_pa
     assert "data_position" in failed and "scheduler" not in failed
     assert "ignore_data_skip" in failed["data_position"]["detail"]
     assert "Traceback" not in bad.stderr
+
+
+def test_the_lightning_restore_proof_passes_with_a_stateful_loader_and_names_a_plain_one(
+        tmp_path):
+    script = [sys.executable, str(OWN / "lightning_train.py"), "--out", str(tmp_path / "own")]
+    ok = _cli("restore", "--trainer", "lightning", "--out", tmp_path / "good", "--json", "--",
+              *script)
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    r = json.loads(ok.stdout)
+    assert r["passed"] and r["trainer"] == "lightning"
+    assert r["checkpoint"]["kind"] == "lightning-trainer" and r["save_s"]["value"] > 0
+    assert r["loss_max_abs_diff"]["value"] == 0.0 and len(r["steps"]["restored"]) == 4
+    # a plain DataLoader: Lightning re-reads the epoch from its start after a mid-epoch resume
+    bad = _cli("restore", "--trainer", "lightning", "--out", tmp_path / "bad", "--json", "--",
+               *script, "--plain-loader")
+    assert bad.returncode == 1
+    r = json.loads(bad.stdout)
+    failed = {c["name"] for c in r["components"] if not c["passed"]}
+    assert "data_position" in failed and "scheduler" not in failed
+    checks = next(c for c in r["components"] if c["name"] == "checksums")
+    assert "StatefulDataLoader" in checks["detail"]
+    assert "Traceback" not in bad.stderr

@@ -1,8 +1,14 @@
-"""A user's own Lightning script, with the one line that pilots it (marked). Tiny random model,
-varied-length samples padded per batch - runs on a CPU in seconds.
+"""A user's own Lightning script, with the lines that pilot it and prove its resume (marked).
+Tiny random model, varied-length samples padded per batch - runs on a CPU in seconds.
 
     python examples/own-loop/lightning_train.py --out runs/lightning-own [--steps 12]
     tunepilot report runs/lightning-own
+    tunepilot restore --trainer lightning --out runs/lightning-proof -- \
+        python examples/own-loop/lightning_train.py
+The training loader is torchdata's StatefulDataLoader: Lightning saves its position in the
+checkpoint, so a mid-epoch resume continues where it stopped. With --plain-loader (a plain
+torch DataLoader) the resumed run re-reads the epoch from its start, and the restore proof
+fails naming the data position.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ import argparse
 import lightning as L
 import torch
 from tiny_data import VariedLengths, collate, tiny_config
+from torchdata.stateful_dataloader import StatefulDataLoader
 from transformers import LlamaForCausalLM
 
-from tunepilot.integrations.lightning import TunepilotCallback
+from tunepilot.integrations.lightning import TunepilotCallback, resume_from
 
 
 class CausalLM(L.LightningModule):
@@ -36,10 +43,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="runs/lightning-own")
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--plain-loader", action="store_true",
+                    help="a torch DataLoader (not resumable mid-epoch)")
     a = ap.parse_args()
     torch.manual_seed(0)
-    train = torch.utils.data.DataLoader(VariedLengths(256, 512), batch_size=4,
-                                        collate_fn=collate)
+    loader = torch.utils.data.DataLoader if a.plain_loader else StatefulDataLoader
+    train = loader(VariedLengths(256, 512), batch_size=4, collate_fn=collate)
     val = torch.utils.data.DataLoader(VariedLengths(16, 512, seed=1), batch_size=4,
                                       collate_fn=collate)
     trainer = L.Trainer(max_steps=a.steps, accelerator="cpu", devices=1,
@@ -47,7 +56,7 @@ def main() -> None:
                         enable_checkpointing=False, enable_progress_bar=False,
                         num_sanity_val_steps=0,
                         callbacks=[TunepilotCallback(out_dir=a.out)])  # the callback
-    trainer.fit(CausalLM(), train, val)
+    trainer.fit(CausalLM(), train, val, ckpt_path=resume_from())  # the resume
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ class TunepilotCallback(TrainerCallback):
         ck = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         self.recorder.checkpoint(secs, dir_bytes(ck) if ck.is_dir() else 0)
         if self.proof is not None:
-            self.proof.saved(ck, state)
+            self.proof.saved(ck, state, secs)
         self._last_event = time.perf_counter()
 
     @guarded

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from tunepilot.integrations.proof import PROOF_CHECKPOINT_ENV, PROOF_ENV, ProofRecorder
 from tunepilot.integrations.recorder import Recorder, default_out_dir, guarded, process_age_s
 
-__all__ = ["TunepilotCallback"]
+__all__ = ["TunepilotCallback", "resume_from"]
 
 _PRECISION = {"bf16-mixed": "bf16-mixed", "16-mixed": "fp16-mixed", "bf16-true": "bf16-true",
               "bf16": "bf16-mixed", "16": "fp16-mixed"}
@@ -44,6 +45,7 @@ class TunepilotCallback(Callback):
         self._val_start = None
         self._micro_batch = 0
         self._losses: list[float] = []
+        self.proof = ProofRecorder.from_env()
 
     @guarded
     def on_train_start(self, trainer, pl_module):
@@ -52,6 +54,11 @@ class TunepilotCallback(Callback):
             return
         name = self.name or type(pl_module).__name__.lower()
         self.recorder.out_dir = self.out_dir or default_out_dir(name)
+        if self.proof is not None:
+            from tunepilot.integrations.derive import find_hf_model
+
+            self.recorder.out_dir = self.proof.dir / self.proof.role
+            self.proof.attach(find_hf_model(pl_module) or pl_module)
         self._startup_s = process_age_s()
         self.recorder.start()
         self._batch_end = time.perf_counter()
@@ -75,6 +82,8 @@ class TunepilotCallback(Callback):
             loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
             loss = loss * accum if hasattr(loss, "item") else loss  # Lightning divides by accum
             self.recorder.end_step()
+            if self.proof is not None:
+                self.proof.lightning_step_end(trainer)
             if hasattr(loss, "item") and len(self.recorder.steps) % 10 == 1:
                 self._losses.append(float(loss.detach().float().item()))
         self._batch_end = time.perf_counter()
@@ -96,6 +105,8 @@ class TunepilotCallback(Callback):
         from tunepilot.integrations.derive import derive_spec, find_hf_model, provenance_model
         from tunepilot.results.figure import Figure
 
+        if self.proof is not None:
+            self.proof.write()
         rec = self.recorder
         seq = max((x.sequence_length for x in rec.steps + rec.warmup), default=0) or 1
         accum = max(1, int(trainer.accumulate_grad_batches))
@@ -128,6 +139,17 @@ class TunepilotCallback(Callback):
             result.loss.last = Figure.measured(self._losses[-1], "nats/token")
             RunDir(rec.out_dir).write(result)
         self.result = result
+
+
+def resume_from(ckpt_path: str | Path | None = None) -> str | None:
+    """What to pass to ``trainer.fit(..., ckpt_path=...)``: ``ckpt_path`` as given (None: start
+    fresh; Lightning also takes "last"); under `tunepilot restore --trainer lightning` the
+    checkpoint the proof resumes from (and None for the reference run)."""
+    import os
+
+    if os.environ.get(PROOF_ENV):
+        return os.environ.get(PROOF_CHECKPOINT_ENV) or None
+    return None if ckpt_path is None else str(ckpt_path)
 
 
 def _tensors(batch):

@@ -1,4 +1,4 @@
-"""The callback's side of `tunepilot restore --trainer hf -- CMD` (restore/trainer.py).
+"""The callbacks' side of `tunepilot restore --trainer hf|lightning -- CMD` (restore/trainer.py).
 
 tunepilot runs the user's script twice with these variables set:
     TUNEPILOT_RESTORE_PROOF       the proof directory
@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 PROOF_ENV = "TUNEPILOT_RESTORE_PROOF"
@@ -36,6 +37,7 @@ class ProofRecorder:
         self.checkpoint: str | None = None
         self.first_step: int | None = None
         self.notes: list[str] = []
+        self.save_s: float | None = None
 
     @classmethod
     def from_env(cls) -> ProofRecorder | None:
@@ -72,25 +74,48 @@ class ProofRecorder:
             self._losses.append(loss.detach())
         return None
 
-    def step_end(self, state, control, optimizer) -> None:
-        step = int(state.global_step)
+    def record(self, step: int, lr: float | None) -> tuple[bool, bool]:
+        """The optimizer step just done; (save a checkpoint now, stop now)."""
         if self.first_step is None:
             self.first_step = step
         loss = float(sum(x.float() for x in self._losses).item()) if self._losses else None
-        lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else None
         self.steps.append({"step": step, "loss": loss,
                            "loss_bits": float(loss).hex() if loss is not None else None,
                            "lr": lr, "lr_bits": float(lr).hex() if lr is not None else None,
                            "fingerprints": list(self._fingerprints)})
         self._fingerprints, self._losses = [], []
-        if self.role == "reference" and step == self.save_at:
+        return (self.role == "reference" and step == self.save_at,
+                bool(self.stop_at and step >= self.stop_at))
+
+    def step_end(self, state, control, optimizer) -> None:
+        """transformers.Trainer: record, and steer the Trainer with its control object."""
+        lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else None
+        save, stop = self.record(int(state.global_step), lr)
+        if save:
             control.should_save = True
-        if self.stop_at and step >= self.stop_at:
+        if stop:
             control.should_training_stop = True
 
-    def saved(self, checkpoint: Path, state) -> None:
+    def lightning_step_end(self, trainer) -> None:
+        """Lightning: record; save the reference's checkpoint with trainer.save_checkpoint
+        (as ModelCheckpoint does from the same hook), stop with trainer.should_stop."""
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
+        save, stop = self.record(int(trainer.global_step), lr)
+        if save:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            dst = self.dir / f"checkpoint-{self.save_at}.ckpt"
+            t0 = time.perf_counter()
+            trainer.save_checkpoint(dst)
+            self.save_s = time.perf_counter() - t0
+            self.checkpoint = str(dst)
+        if stop:
+            trainer.should_stop = True
+
+    def saved(self, checkpoint: Path, state, seconds: float | None = None) -> None:
         if self.role != "reference" or int(state.global_step) != self.save_at:
             return
+        self.save_s = seconds
         dst = self.dir / f"checkpoint-{self.save_at}"
         if dst.exists():
             shutil.rmtree(dst)
@@ -101,5 +126,6 @@ class ProofRecorder:
         self.dir.mkdir(parents=True, exist_ok=True)
         body = {"role": self.role, "save_at": self.save_at, "stop_at": self.stop_at,
                 "first_step": self.first_step, "checkpoint": self.checkpoint,
+                "save_s": self.save_s,
                 "steps": self.steps, "notes": self.notes}
         (self.dir / f"{self.role}.json").write_text(json.dumps(body, indent=1))

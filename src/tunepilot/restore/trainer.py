@@ -42,17 +42,16 @@ def verify_trainer_restore(cmd: list[str], out: Path, *, trainer: str = "hf",
 
     say = progress or (lambda msg: None)
     check_steps(steps_before, steps_after)
-    if trainer != "hf":
-        raise UserError("--trainer", f"{trainer!r}: only hf (transformers.Trainer, TRL, "
-                        "axolotl) has a resume proof so far.",
-                        "Use --trainer hf, or prove a Lightning run by hand with verify.")
+    if trainer not in ("hf", "lightning"):
+        raise UserError("--trainer", f"{trainer!r} is not hf or lightning.",
+                        "Use --trainer hf (transformers.Trainer, TRL, axolotl) or lightning.")
     run = RunDir(out)
     proof_dir = run.path / "trainer-restore"
     proof_dir.mkdir(parents=True, exist_ok=True)
     k, total = steps_before, steps_before + steps_after
     env = {pf.PROOF_ENV: str(proof_dir.resolve()), pf.SAVE_AT_ENV: str(k),
            pf.STOP_AT_ENV: str(total)}
-    base = dict(steps_before=k, steps_after=steps_after, trainer="hf",
+    base = dict(steps_before=k, steps_after=steps_after, trainer=trainer,
                 device={"kind": "the script's own"},
                 deterministic=Determinism(requested=False, held=False))
     for role in ("reference", "resumed"):
@@ -64,21 +63,22 @@ def verify_trainer_restore(cmd: list[str], out: Path, *, trainer: str = "hf",
     ref_file = proof_dir / "reference.json"
     if not ref_file.is_file():
         return _failed(run, base, "callback", "the script ran without TunepilotCallback: add "
-                       "callbacks=[TunepilotCallback()] to its Trainer")
+                       f"callbacks=[TunepilotCallback()] (tunepilot.integrations.{trainer}) to "
+                       "its Trainer")
     ref = read_json(ref_file)
     if not ref.get("checkpoint") or len(ref["steps"]) < total:
         return _failed(run, base, "reference_run", f"the reference ran {len(ref['steps'])} "
                        f"steps and saved {'no checkpoint' if not ref.get('checkpoint') else ''}"
                        f" - it needs max_steps >= {total}")
     ck = Path(ref["checkpoint"])
-    problems = _checkpoint_checks(ck)
+    problems = _checkpoint_checks(ck) if trainer == "hf" else _lightning_checks(ck)
     say(f"resumed: a fresh process from {ck.name}")
     failed = _run(cmd, {**env, pf.ROLE_ENV: "resumed", pf.PROOF_CHECKPOINT_ENV: str(ck)}, run,
                   "resumed")
     if failed:
         return _failed(run, base, "fresh_process", failed, problems)
     got = read_json(proof_dir / "resumed.json")
-    return _verdict(run, base, ref, got, ck, problems, k)
+    return _verdict(run, base, ref, got, ck, problems, k, trainer)
 
 
 def _run(cmd: list[str], env: dict[str, str], run, role: str) -> str | None:
@@ -113,6 +113,37 @@ def _checkpoint_checks(ck: Path) -> list[ComponentCheck]:
     return checks
 
 
+def _files(ck: Path) -> list[Path]:
+    return [ck] if ck.is_file() else [p for p in ck.rglob("*") if p.is_file()]
+
+
+def _lightning_checks(ck: Path) -> list[ComponentCheck]:
+    """What a Lightning .ckpt holds for a resume: model, optimizer, schedulers, the loops'
+    progress and the dataloaders' state (only a stateful loader has one: without it a
+    mid-epoch resume re-reads the epoch from its start)."""
+    import pickle
+
+    import torch
+
+    try:
+        try:
+            body = torch.load(ck, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # hyper-parameters of arbitrary types
+            body = torch.load(ck, map_location="cpu", weights_only=False)
+    except Exception as exc:  # a checkpoint that does not load is the finding
+        return [ComponentCheck(name=cmp.CHECKSUMS, passed=False,
+                               detail=f"{ck.name} does not load: {exc}")]
+    missing = [k for k in ("state_dict", "optimizer_states", "loops") if not body.get(k)]
+    fit = (body.get("loops") or {}).get("fit_loop") or {}
+    loaders = (fit.get("state_dict") or {}).get("combined_loader")
+    note = "" if loaders else (
+        "; no dataloader state (a plain DataLoader): a mid-epoch resume re-reads the epoch "
+        "from its start unless the loader is stateful (torchdata's StatefulDataLoader)")
+    return [ComponentCheck(name=cmp.CHECKSUMS, passed=not missing, detail=(
+        f"{ck.name}: " + (f"missing {', '.join(missing)}" if missing else
+                          "model, optimizer, schedulers and loop progress present") + note))]
+
+
 def _records(body: dict, first: int) -> list[StepRecord]:
     return [StepRecord(step=s["step"], loss=s["loss"] or 0.0, loss_bits=s["loss_bits"] or "",
                        lr=s["lr"] or 0.0, lr_bits=s["lr_bits"] or "",
@@ -121,12 +152,14 @@ def _records(body: dict, first: int) -> list[StepRecord]:
 
 
 def _verdict(run, base: dict, ref: dict, got: dict, ck: Path, problems: list[ComponentCheck],
-             k: int) -> RestoreResult:
+             k: int, trainer: str = "hf") -> RestoreResult:
     checks = list(problems)
     if got.get("first_step") != k + 1:
+        how = ("trainer.train(resume_from_checkpoint=resume_from())" if trainer == "hf" else
+               "trainer.fit(..., ckpt_path=resume_from())")
         checks.append(ComponentCheck(name=cmp.PROGRESS, passed=False, detail=(
             f"the fresh process started at step {got.get('first_step')}, not {k + 1}: pass "
-            "resume_from() to trainer.train(resume_from_checkpoint=...)")))
+            f"{how}")))
     else:
         checks.append(ComponentCheck(name=cmp.PROGRESS, passed=True,
                                      detail=f"resumed at step {k + 1}"))
@@ -156,11 +189,15 @@ def _verdict(run, base: dict, ref: dict, got: dict, ck: Path, problems: list[Com
     checks.append(loss)
     result = RestoreResult(
         passed=all(c.passed for c in checks), components=checks, first_divergence=divergence,
-        checkpoint=CheckpointRef(path=str(ck), kind="hf-trainer",
-                                 files=sum(1 for p in ck.rglob("*") if p.is_file()), step=k),
-        checkpoint_bytes=Figure.measured(sum(p.stat().st_size for p in ck.rglob("*")
-                                             if p.is_file()), "bytes"),
+        checkpoint=CheckpointRef(path=str(ck), kind=f"{trainer}-trainer",
+                                 files=len(_files(ck)), step=k),
+        checkpoint_bytes=Figure.measured(sum(p.stat().st_size for p in _files(ck)), "bytes"),
         loss_max_abs_diff=Figure.measured(max_diff, "nats/token"),
+        save_s=(Figure.measured(ref["save_s"], "s", what="the trainer's own checkpoint save, "
+                                "in the reference run") if ref.get("save_s") is not None else
+                Figure.missing("s", "the save was not timed")),
+        load_s=Figure.missing("s", "the trainer loads it inside the script (not timed "
+                              "apart from its start-up)"),
         steps=Trajectories(original=a, restored=b), tolerance="bit-exact (same machine)",
         **base)
     run.write(result)
