@@ -92,3 +92,20 @@ def test_plan_calibrate_on_a_malformed_pilot_json_names_it(tmp_path, content):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--calibrate" in proc.stderr and "pilot.json" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["pilot", "run", "plan-out"])
+def test_a_read_only_out_directory_is_one_message_not_a_traceback(tmp_path, command):
+    from tests.support.full_disk import available, run_on_full_disk
+
+    if not available():
+        pytest.skip("mounting a read-only tmpfs needs root / CAP_SYS_ADMIN")
+    spec = str(ROOT / "examples" / "tiny.yaml")
+    target = tmp_path / "ro" / "x"
+    args = {"pilot": ["pilot", spec, "--out", str(target)],
+            "run": ["run", spec, "--out", str(target)],
+            "plan-out": ["import", str(ROOT / "tests" / "fixtures" / "configs" / "trl-sft.yaml"),
+                         "--data", "synthetic", "--out", str(target / "spec.yaml")]}[command]
+    proc = run_on_full_disk(tmp_path / "ro", 64, [str(EXE), *args], readonly=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Read-only file system" in proc.stderr and "Traceback" not in proc.stderr

@@ -23,11 +23,14 @@ def available() -> bool:
 
 
 def run_on_full_disk(mountpoint: Path, size_kib: int, cmd: list[str], *, after: str = "",
-                     timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``cmd`` with a ``size_kib`` tmpfs at ``mountpoint``; ``after`` (a shell line) runs
-    in the same namespace once it ends (e.g. copy the files out to look at them)."""
+                     timeout: float = 600, readonly: bool = False
+                     ) -> subprocess.CompletedProcess:
+    """Run ``cmd`` with a ``size_kib`` tmpfs at ``mountpoint`` (read-only with ``readonly``);
+    ``after`` (a shell line) runs in the same namespace once it ends (e.g. copy the files out to
+    look at them)."""
     mountpoint.mkdir(parents=True, exist_ok=True)
-    script = (f"mount -t tmpfs -o size={size_kib}k tmpfs {shlex.quote(str(mountpoint))} || "
+    opts = f"size={size_kib}k" + (",ro" if readonly else "")
+    script = (f"mount -t tmpfs -o {opts} tmpfs {shlex.quote(str(mountpoint))} || "
               "exit 97; " + shlex.join(cmd) + "; rc=$?; " + (after or "true") + "; exit $rc")
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                           capture_output=True, text=True, timeout=timeout)

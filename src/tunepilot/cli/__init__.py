@@ -76,12 +76,28 @@ def main(*, hard_exit: bool = False) -> None:
         code = _fail(UserError("db", f"the ledger database is damaged ({exc}); nothing was "
                                "changed.", "Restore the file from a backup, or pass another "
                                "--db."), 2)
+    except OSError as exc:  # the filesystem refused: a read-only or full disk, a permission
+        code = _fail(_os_error(exc), 2)
     except (KeyboardInterrupt, Terminated) as exc:
         sys.stderr.write("interrupted\n" if isinstance(exc, KeyboardInterrupt) else f"{exc}\n")
         code = 130 if isinstance(exc, KeyboardInterrupt) else 128 + exc.signum
     except Exception as exc:  # click's usage errors and aborts
         code = _click_error(exc)
     _exit(code, hard_exit)
+
+
+def _os_error(exc: OSError) -> UserError:
+    """One paragraph for an OSError no command caught: the path, what the system said, the fix."""
+    import errno
+
+    where = repr(exc.filename) if exc.filename else "a file"
+    if exc.errno == errno.ENOSPC:
+        fix = "Free disk space there or choose another --out; nothing already written changed."
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        fix = "Choose a directory you can write (--out, --db or checkpoint.dir)."
+    else:
+        fix = "Check the path and the disk."
+    return UserError("path", f"cannot use {where}: {exc.strerror or exc}.", fix)
 
 
 def _click_error(exc: Exception) -> int:
