@@ -123,7 +123,6 @@ class TunepilotCallback(TrainerCallback):
     @guarded
     def on_train_end(self, args, state, control, model=None, **kwargs):
         from tunepilot.integrations.derive import derive_spec, provenance_model
-        from tunepilot.results.figure import Figure
 
         self._remove_hook()
         if self.proof is not None:
@@ -139,15 +138,8 @@ class TunepilotCallback(TrainerCallback):
             world_size=max(1, int(getattr(args, "world_size", 1) or 1)),
             name=self.name or rec.out_dir.name)
         rec.notes.extend(notes)
-        result = rec.finish(spec, arch, provenance_model=provenance_model(model),
-                            startup_s=self._startup_s)
-        if result is not None and self._losses:
-            result.loss.first = Figure.measured(self._losses[0], "nats/token")
-            result.loss.last = Figure.measured(self._losses[-1], "nats/token")
-            from tunepilot.store import RunDir
-
-            RunDir(rec.out_dir).write(result)
-        self.result = result
+        self.result = rec.finish(spec, arch, provenance_model=provenance_model(model),
+                                 startup_s=self._startup_s, losses=self._losses)
 
     # --- helpers ---------------------------------------------------------------------------
     def _remove_hook(self) -> None:

@@ -103,7 +103,6 @@ class TunepilotCallback(Callback):
     @guarded
     def on_train_end(self, trainer, pl_module):
         from tunepilot.integrations.derive import derive_spec, find_hf_model, provenance_model
-        from tunepilot.results.figure import Figure
 
         if self.proof is not None:
             self.proof.write()
@@ -131,14 +130,8 @@ class TunepilotCallback(Callback):
                 world_size=max(1, int(trainer.world_size)), name=self.name or rec.out_dir.name)
             rec.notes.extend(notes)
             model_info = provenance_model(model)
-        result = rec.finish(spec, arch, provenance_model=model_info, startup_s=self._startup_s)
-        if result is not None and self._losses:
-            from tunepilot.store import RunDir
-
-            result.loss.first = Figure.measured(self._losses[0], "nats/token")
-            result.loss.last = Figure.measured(self._losses[-1], "nats/token")
-            RunDir(rec.out_dir).write(result)
-        self.result = result
+        self.result = rec.finish(spec, arch, provenance_model=model_info,
+                                 startup_s=self._startup_s, losses=self._losses)
 
 
 def resume_from(ckpt_path: str | Path | None = None) -> str | None:

@@ -209,8 +209,10 @@ class Recorder:
 
     # --- the result ------------------------------------------------------------------------
     def finish(self, spec, arch, *, provenance_model: dict | None = None,
-               startup_s: float | None = None) -> PilotResult | None:
-        """Write pilot.json and the manifest for ``spec`` (the spec derived from the run)."""
+               startup_s: float | None = None, losses: list[float] | None = None
+               ) -> PilotResult | None:
+        """Write pilot.json and the manifest for ``spec`` (the spec derived from the run);
+        ``losses``: the training losses the trainer logged, first and last recorded."""
         if self.out_dir is None or not self.started:
             return None
         from tunepilot.pilot.assemble import (
@@ -259,6 +261,9 @@ class Recorder:
             machine_load=view.load,
             notes=list(dict.fromkeys(self.notes + self.device.notes + _confidence_notes(view))))
         result.spec_hash = spec.spec_hash()
+        if losses:
+            result.loss.first = M(losses[0], "nats/token")
+            result.loss.last = M(losses[-1], "nats/token")
         run = RunDir(self.out_dir)
         run.write(result)
         provenance = collect_provenance(spec, device=self.device.to_dict(),
