@@ -57,6 +57,7 @@ def _hf_run(tmp_path, *, steps=8, out=None, save_steps=100, callback=None):
                       data_collator=recording_collate, callbacks=[cb])
     trainer.train()
     cb.global_step = trainer.state.global_step
+    cb.global_log = trainer.state.log_history
     return cb, seen
 
 
@@ -79,6 +80,8 @@ def test_hf_trainer_callback_counts_steps_and_useful_vs_padded_tokens(tmp_path):
     assert d["step_time"]["p50_s"]["value"] > 0
     spec = (tmp_path / "run" / "spec.yaml").read_text()
     assert "lora_rank: 4" in spec and "micro_batch_size: 4" in spec
+    logged = [h["loss"] for h in cb.global_log if "loss" in h]  # logging_steps=2: steps 2..8
+    assert d["loss"]["first"]["value"] == logged[0] and d["loss"]["last"]["value"] == logged[-1]
 
 
 def test_quote_and_report_read_the_callbacks_run_directory(tmp_path):
