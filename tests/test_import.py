@@ -159,3 +159,11 @@ def test_the_evaluation_batch_becomes_the_validation_micro_batch(tmp_path, name,
     r = import_config(p, options=ImportOptions(synthetic_data=True))
     assert r.spec.validation.micro_batch_size == 16
     assert key in r.mapped
+
+
+@pytest.mark.parametrize("name", ["trl-sft.yaml", "axolotl-lora-8b.yml"])
+def test_activation_offloading_is_imported(tmp_path, name):
+    p = tmp_path / name
+    p.write_text((CONFIGS / name).read_text() + "\nactivation_offloading: true\n")
+    r = import_config(p, options=ImportOptions(synthetic_data=True))
+    assert r.spec.activation_offloading and "activation_offloading" in r.mapped

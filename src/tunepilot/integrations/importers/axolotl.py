@@ -27,7 +27,7 @@ MAPPED = {"base_model", "base_model_config", "adapter", "load_in_4bit", "load_in
           "weight_decay", "warmup_steps", "bf16", "fp16", "bfloat16", "float16", "tf32",
           "gradient_checkpointing", "datasets", "train_on_inputs", "chat_template", "fsdp",
           "fsdp_config", "deepspeed", "seed", "tokenizer_config", "torch_compile", "val_set_size",
-          "eval_steps", "evals_per_epoch", "eval_batch_size", "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant"}
+          "eval_steps", "evals_per_epoch", "eval_batch_size", "activation_offloading", "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant"}
 KNOWN = MAPPED | {
     "model_type", "tokenizer_type", "trust_remote_code", "strict", "dataset_prepared_path",
     "output_dir", "pad_to_sequence_len", "lora_model_dir", "lora_fan_in_fan_out", "wandb_project",
@@ -82,6 +82,8 @@ def convert(m: Mapper) -> None:
             m.note(f"gradient_checkpointing {gc!r} is planned as full checkpointing")
     if truthy(m.get("torch_compile")):
         m.set("torch_compile", True, "torch_compile")
+    if truthy(m.get("activation_offloading")):
+        m.set("activation_offloading", True, "activation_offloading")
     _parallel(m)
     _data(m)
     _target(m)

@@ -167,6 +167,8 @@ def _training(m: Mapper, *, trl: bool) -> None:
         m.set("activation_checkpointing", "full", "gradient_checkpointing")
     if truthy(m.get("torch_compile")):
         m.set("torch_compile", True, "torch_compile")
+    if truthy(m.get("activation_offloading")):  # SFTConfig's (TRL offloads saved activations)
+        m.set("activation_offloading", True, "activation_offloading")
     fsdp = m.get("fsdp")
     if fsdp and "full_shard" in (fsdp if isinstance(fsdp, str) else " ".join(fsdp)):
         m.set("parallel.strategy", "fsdp", "fsdp")
