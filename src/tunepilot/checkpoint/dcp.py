@@ -107,9 +107,11 @@ class RawReader(FileSystemReader):
     """DCP StorageReader for HashingRawWriter's files: reads chunks into the destination, from
     the files or from ``staged`` bytes already read (and hashed) by the caller."""
 
-    def __init__(self, path: Path, staged: dict[str, bytes] | None = None):
+    def __init__(self, path: Path, staged: dict[str, bytes] | None = None,
+                 thread_count: int = 1):
         super().__init__(path)
         self._staged = staged or {}
+        self.thread_count = max(1, thread_count)
 
     def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
@@ -123,13 +125,22 @@ class RawReader(FileSystemReader):
         per_file: dict[str, list] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
-        for rel, reqs in per_file.items():
+        def read_file(item) -> None:
+            rel, reqs = item
             reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
             staged = self._staged.get(rel)
             with (_MemFile(staged) if staged is not None else
                   open(Path(self.path) / rel, "rb", buffering=0)) as f:
                 for req in reqs:
                     self._read_one(f, req, planner)
+
+        threads = min(self.thread_count, len(per_file))
+        if threads > 1:  # the files in parallel (readinto releases the GIL), as they were written
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(read_file, per_file.items()))
+        else:
+            for item in per_file.items():
+                read_file(item)
         fut: Future = Future()
         fut.set_result(None)
         return fut

@@ -443,7 +443,7 @@ def _reader(directory: Path, encoding: str, staged: dict):
     if encoding == RAW:
         from tunepilot.checkpoint.dcp import RawReader
 
-        return RawReader(directory, staged)
+        return RawReader(directory, staged, thread_count=HASH_THREADS)
     import torch.distributed.checkpoint as dcp
 
     return dcp.FileSystemReader(directory)
