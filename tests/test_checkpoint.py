@@ -179,6 +179,26 @@ def test_an_async_save_holds_the_step_it_was_taken_at(tmp_path):
     assert again.result(timeout=60).step == 6
 
 
+def test_a_failed_async_save_raises_on_result_and_keeps_the_previous(tmp_path, monkeypatch):
+    from tunepilot.checkpoint import state as st
+    from tunepilot.checkpoint.async_save import save_checkpoint_async
+
+    state, stream = _trained(TINY)
+    save_checkpoint(tmp_path / "a", state, stream, TINY)
+    before = read_manifest(tmp_path / "a").step
+
+    def full(*_a, **_k):
+        raise CheckpointError("the disk is full (no space left on device)", component="model")
+
+    monkeypatch.setattr(st, "_write_components", full)
+    _train(state, stream, TINY, 1)
+    pending = save_checkpoint_async(tmp_path / "a", state, stream, TINY)
+    with pytest.raises(CheckpointError, match="disk is full"):
+        pending.result(timeout=60)
+    assert verify_checkpoint(tmp_path / "a") == [] and read_manifest(tmp_path / "a").step == before
+    assert not list(tmp_path.glob(".a.tmp-*"))  # the failed save's temporary is gone
+
+
 def test_a_damaged_manifest_is_named(saved, tmp_path):
     path = _copy(saved, tmp_path)
     m = json.loads((path / "manifest.json").read_text())
