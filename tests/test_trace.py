@@ -363,3 +363,20 @@ def test_a_python_gelu_saves_more_in_transformers_than_the_fused_gelu_other_code
     assert analytic_diff == extra
     assert abs(traced_diff - extra) <= 0.1 * extra, (traced_diff, extra)
     assert any("fused tanh GELU" in n for n in plans["torchtune"][2])
+
+
+@pytest.mark.parametrize("method", [{"kind": "full"}, {"kind": "lora", "lora_rank": 4}])
+def test_sequence_classification_traces_with_the_score_head_the_analytic_plan_counts(method):
+    """AutoModelForSequenceClassification: no vocabulary lm_head, a num_labels score head
+    (trained under LoRA: PEFT's SEQ_CLS); traced, not a fallback; the counts agree exactly."""
+    spec = tiny(model={"preset": "tiny", "task": "sequence-classification", "num_labels": 3},
+                method=method)
+    causal = tiny(method=method)
+    plan = make_traced_plan(spec, card_ids=["h100"])
+    assert plan.fidelity == "trace" and plan.trace["status"] == "traced"
+    analytic = analytic_plan(spec, resolve_arch(spec), "cuda")
+    assert plan.params == analytic.params
+    assert plan.params.total < analytic_plan(causal, resolve_arch(causal), "cuda").params.total
+    if method["kind"] == "lora":
+        assert plan.params.trainable > analytic_plan(
+            causal, resolve_arch(causal), "cuda").params.trainable  # + the score head

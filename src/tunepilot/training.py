@@ -119,6 +119,9 @@ def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
     checkpointed, so the (tokens, vocab) logits never exist all at once.
     """
     extra = {k: batch[k] for k in ("position_ids",) if k in batch}  # packed rows
+    if spec.model.task == "sequence-classification":  # labels: one class per sequence
+        return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                     labels=batch["labels"], **extra).loss
     if not spec.loss_is_chunked:
         kwargs = {} if num_items is None else {"num_items_in_batch": num_items}
         out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),

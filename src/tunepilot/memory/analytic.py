@@ -57,10 +57,25 @@ def runtime_constants() -> dict:
     return yaml.safe_load(RUNTIME_YAML.read_text())
 
 
-def split_params(arch: Arch, spec: RunSpec) -> ParamSplit:
+def task_counts(arch: Arch, spec: RunSpec) -> ParamCounts:
+    """The parameters of the spec's model: a sequence-classification model has a
+    num_labels x hidden score head instead of the vocabulary lm_head."""
     counts = param_counts(arch)
+    if spec.model.task != "sequence-classification":
+        return counts
+    import dataclasses
+
+    score = spec.model.num_labels * arch.hidden_size
+    return dataclasses.replace(counts, total=counts.total - counts.lm_head + score,
+                               lm_head=score)
+
+
+def split_params(arch: Arch, spec: RunSpec) -> ParamSplit:
+    counts = task_counts(arch, spec)
     if spec.method.is_lora:
         lora = lora_param_count(arch, spec.method.lora_targets, spec.method.lora_rank or 1)
+        if spec.model.task == "sequence-classification":  # PEFT's SEQ_CLS trains the head
+            lora += counts.lm_head  # (a trainable copy beside the frozen original)
         return ParamSplit(total=counts.total + lora, trainable=lora, frozen=counts.total)
     return ParamSplit(total=counts.total, trainable=counts.total, frozen=0)
 
@@ -106,7 +121,8 @@ def _model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
     notes: list[str] = []
     linear_weights = sum(m.in_features * m.out_features * m.count_per_layer
                          for m in linear_modules(arch)) * arch.num_layers
-    lm_head_weights = arch.vocab_size * arch.hidden_size
+    lm_head_weights = (spec.model.num_labels if spec.model.task == "sequence-classification"
+                       else arch.vocab_size) * arch.hidden_size
     frozen = _frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
     trainable_bytes = params.trainable * pb
     if spec.precision.endswith("-mixed"):  # the fp32 parameters updated are the master copy
@@ -216,14 +232,15 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
 def _validation_phase(spec: RunSpec, arch: Arch, s: _States, cb: int, sb: int) -> Phase:
     """The validation pass: a forward without gradients at the validation micro-batch. The
     model states stay (gradients were freed by zero_grad(set_to_none=True)); nothing is saved
-    for backward; the transient is one layer's working set, the logits, their fp32 upcast and
-    the loss's fp32 log-softmax (all alive together in the loss, as the trace shows), and
-    FSDP's unsharded layers."""
+    for backward; the transient is the larger of one layer's MLP intermediates (gate, up and
+    their product, or fc1 and its activation) and the loss's (the logits, their fp32 upcast and
+    the fp32 log-softmax, alive together, as the trace shows), plus FSDP's unsharded layers."""
     tokens = spec.validation_micro_batch_size * spec.sequence_length
-    _, layer_ws = saved_activations(arch, spec, cb, sb, tokens)
+    k = arch.experts_per_token if arch.num_experts > 1 else 1
+    mlp = (3 if arch.mlp_kind == "gated" else 2) * cb * arch.intermediate_size * k * tokens
     log_softmax, _ = logits_bytes(arch, spec, cb, tokens)
-    transient = (layer_ws + logits_forward_bytes(arch, spec, cb, tokens) + log_softmax
-                 + s.unsharded)
+    loss = logits_forward_bytes(arch, spec, cb, tokens) + log_softmax
+    transient = max(mlp, loss) + s.unsharded  # the layers' transients are gone at the loss
     return Phase.make("validation", s.weights, s.master, 0, s.optim, 0, transient, s.buckets)
 
 
@@ -231,7 +248,7 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
     """Plan one device's memory for the spec, for a card whose software stack is `stack`."""
     cb, _, _ = precision_bytes(spec)
     params = split_params(arch, spec)
-    counts = param_counts(arch)
+    counts = task_counts(arch, spec)
     N = spec.parallel.world_size
     shard = N if spec.parallel.strategy == "fsdp" else 1
     s = _parallelize(spec, _model_states(spec, arch, stack, params, counts), counts, cb)

@@ -80,9 +80,6 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
     analytic = analytic_plan(spec, arch, stack)
     t0 = time.perf_counter()
     try:
-        if spec.model.task != "causal-lm":
-            raise TraceFailed(f"model.task {spec.model.task} is planned analytically: the trace "
-                              "runs a causal-LM training step (modelled, not traced)")
         plan = traced_plan_from(spec, trace_in_child(spec, config, stack, timeout_s=timeout_s),
                                 analytic, stack, arch)
     except TraceFailed as exc:

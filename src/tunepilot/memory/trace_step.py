@@ -176,7 +176,7 @@ def _micro_step(t: _Traced, prefix: str, mask, num_items) -> None:
     tr.begin_forward()
     vocab = int(t.run.model.config.vocab_size)
     ids = torch.randint(0, vocab, (spec.micro_batch_size, spec.sequence_length), device=t.dev)
-    batch = {"input_ids": ids, "labels": ids.clone(), "attention_mask": mask}
+    batch = {"input_ids": ids, "labels": _labels(spec, ids), "attention_mask": mask}
     loss = forward_loss(t.run.state, batch, spec, num_items)
     tr.end_forward()
     tr.close_window(w)
@@ -185,6 +185,13 @@ def _micro_step(t: _Traced, prefix: str, mask, num_items) -> None:
     t.losses.append(loss.detach())  # train_step keeps each micro-batch's detached loss
     del loss, batch
     tr.close_window(w)
+
+
+def _labels(spec: RunSpec, ids):
+    """Next-token labels (the ids), or one class per sequence for sequence-classification."""
+    if spec.model.task == "sequence-classification":
+        return torch.randint(0, spec.model.num_labels, (ids.shape[0],), device=ids.device)
+    return ids.clone()
 
 
 def _optimizer_step(t: _Traced) -> None:
@@ -259,7 +266,7 @@ def _validation_pass(t: _Traced, mask) -> None:
     b = spec.validation_micro_batch_size
     vocab = int(t.run.model.config.vocab_size)
     ids = torch.randint(0, vocab, (b, spec.sequence_length), device=t.dev)
-    batch = {"input_ids": ids, "labels": ids.clone()}
+    batch = {"input_ids": ids, "labels": _labels(spec, ids)}
     if mask is not None:
         batch["attention_mask"] = torch.ones(b, spec.sequence_length, dtype=torch.long,
                                              device=t.dev)

@@ -79,6 +79,15 @@ def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
                                                      local_files_only=True)
         model.to(device)
+    elif spec.model.task == "sequence-classification":
+        from transformers import AutoModelForSequenceClassification
+
+        hf.num_labels = spec.model.num_labels
+        if getattr(hf, "pad_token_id", None) is None:
+            hf.pad_token_id = 0  # the head pools the last non-pad token: it needs one
+        with torch.device(device):
+            model = AutoModelForSequenceClassification.from_config(
+                hf, attn_implementation="sdpa", dtype=dtype)
     else:
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", dtype=dtype)
@@ -98,7 +107,9 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
     m = spec.method
     targets = m.lora_targets if m.lora_targets == "all-linear" else list(m.lora_targets)
     cfg = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
-                     target_modules=targets, task_type="CAUSAL_LM", bias="none")
+                     target_modules=targets, bias="none",
+                     task_type="SEQ_CLS" if spec.model.task == "sequence-classification" else
+                     "CAUSAL_LM")
     bf16 = m.adapter_dtype == "bf16"
     try:
         peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=not bf16)
