@@ -113,6 +113,7 @@ def test_a_failing_callback_warns_and_the_run_goes_on(tmp_path):
 
 def test_lightning_callback_counts_steps_and_tokens(tmp_path):
     import lightning as L
+    from lightning_train import CausalLM  # the example's own LightningModule
 
     from tunepilot.integrations.lightning import TunepilotCallback
 
@@ -123,19 +124,6 @@ def test_lightning_callback_counts_steps_and_tokens(tmp_path):
         seen.append(b)
         return b
 
-    class LM(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            from transformers import LlamaForCausalLM
-
-            self.model = LlamaForCausalLM(tiny_config())
-
-        def training_step(self, batch, batch_idx):
-            return self.model(**batch).loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3)
-
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(VariedLengths(64, 512), batch_size=4,
                                          collate_fn=recording_collate)
@@ -143,7 +131,7 @@ def test_lightning_callback_counts_steps_and_tokens(tmp_path):
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False,
                         callbacks=[TunepilotCallback(out_dir=tmp_path / "run")])
-    trainer.fit(LM(), loader)
+    trainer.fit(CausalLM(), loader)
     d = json.loads((tmp_path / "run" / "pilot.json").read_text())
     assert d["source"] == "lightning-callback"
     assert d["steps"]["measured"]["value"] == 4
