@@ -54,3 +54,15 @@ def did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
         return "Did you mean " + " or ".join(repr(c) for c in close) + "?"
     shown = ", ".join(sorted(choices)[:30])
     return f"Valid values: {shown}."
+
+
+def os_error_kind(exc: OSError) -> tuple[str, str]:
+    """What an OSError means for whoever writes a file: ("full" | "unwritable" | "other", the
+    words for it). The callers add where it happened and their own fix."""
+    import errno
+
+    if exc.errno == errno.ENOSPC:
+        return "full", "the disk is full (no space left on device)"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "unwritable", f"not writable ({exc.strerror})"
+    return "other", f"{exc.strerror or exc}"

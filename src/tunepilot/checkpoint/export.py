@@ -103,20 +103,17 @@ def _export_one_or_stop(fs, src: Path, dst: str, rel: str, dest: str, done: int,
                         ) -> tuple[ExportedFile, float, str | None]:
     """_export_one; a destination that cannot take the file (full, not writable, gone) ends
     the export with a message naming the file - the run directory is not touched."""
-    import errno
+    from tunepilot.errors import os_error_kind
 
     try:
         return _export_one(fs, src, dst, rel)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            why = "the destination is full (no space left on device)"
-            fix = "Free space there or export elsewhere"
-        elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            why = f"the destination is not writable ({exc.strerror})"
-            fix = "Export to a location you can write"
-        else:
-            why = f"{exc.strerror or exc}"
-            fix = "Check the destination"
+        kind, why = os_error_kind(exc)
+        why = why.replace("the disk is", "the destination is") if kind == "full" else \
+            (f"the destination is {why}" if kind == "unwritable" else why)
+        fix = {"full": "Free space there or export elsewhere",
+               "unwritable": "Export to a location you can write"}.get(kind,
+                                                                       "Check the destination")
         raise ExportError(f"export to {dest} stopped at {rel} ({done} of {total} files "
                           f"done): {why}. {fix}, then run the export again: it resumes, and "
                           "files already there intact are skipped. The run directory is "

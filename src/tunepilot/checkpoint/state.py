@@ -521,15 +521,16 @@ def _with_samples(saved: dict, samples: int) -> dict:
 
 def _os_failure(exc: OSError, where: Path) -> str:
     """What an OSError during a save means for the user."""
-    import errno
+    from tunepilot.errors import os_error_kind
 
-    if exc.errno == errno.ENOSPC:
-        return f"the disk is full (no space left on device) in {where}; the previous checkpoint " \
-               "is intact. Free space or checkpoint elsewhere (checkpoint.dir)"
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"{where} is not writable ({exc.strerror}); the previous checkpoint is intact. " \
-               "Choose a writable checkpoint.dir or --out"
-    return f"{exc.strerror or exc} in {where}; the previous checkpoint is intact"
+    kind, why = os_error_kind(exc)
+    if kind == "full":
+        return f"{why} in {where}; the previous checkpoint is intact. Free space or " \
+               "checkpoint elsewhere (checkpoint.dir)"
+    if kind == "unwritable":
+        return f"{where} is {why}; the previous checkpoint is intact. Choose a writable " \
+               "checkpoint.dir or --out"
+    return f"{why} in {where}; the previous checkpoint is intact"
 
 
 def _describe(exc: BaseException, where: Path) -> str:

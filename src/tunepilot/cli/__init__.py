@@ -88,15 +88,13 @@ def main(*, hard_exit: bool = False) -> None:
 
 def _os_error(exc: OSError) -> UserError:
     """One paragraph for an OSError no command caught: the path, what the system said, the fix."""
-    import errno
+    from tunepilot.errors import os_error_kind
 
     where = repr(exc.filename) if exc.filename else "a file"
-    if exc.errno == errno.ENOSPC:
-        fix = "Free disk space there or choose another --out; nothing already written changed."
-    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        fix = "Choose a directory you can write (--out, --db or checkpoint.dir)."
-    else:
-        fix = "Check the path and the disk."
+    fix = {"full": "Free disk space there or choose another --out; nothing already written "
+                   "changed.",
+           "unwritable": "Choose a directory you can write (--out, --db or checkpoint.dir).",
+           }.get(os_error_kind(exc)[0], "Check the path and the disk.")
     return UserError("path", f"cannot use {where}: {exc.strerror or exc}.", fix)
 
 
