@@ -69,8 +69,8 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     sdpa = cb * (2 * hq + 2 * hkv) + 4 * arch.num_heads
     # Megatron-core's fused bias-SwiGLU saves only its (gate, up) input: 2 x i, not 3 x i
     gated = 2 if spec.model.implementation == "megatron" else 3
-    mlp = (gated + python_activation_saves(arch, spec)
-           if arch.mlp_kind == "gated" else 1 + python_activation_saves(arch, spec)) * cb * i * k
+    saved_per_i = (gated if arch.mlp_kind == "gated" else 1) + python_activation_saves(arch, spec)
+    mlp = saved_per_i * cb * i * k
     if arch.num_experts > 1:
         mlp += cb * h * k + 4 * arch.num_experts  # tokens gathered per expert + router logits
     total = norms + sdpa + mlp

@@ -174,9 +174,7 @@ def _micro_step(t: _Traced, prefix: str, mask, num_items) -> None:
     spec, tr = t.spec, t.tracker
     w = tr.open_window(prefix + "forward")
     tr.begin_forward()
-    vocab = int(t.run.model.config.vocab_size)
-    ids = torch.randint(0, vocab, (spec.micro_batch_size, spec.sequence_length), device=t.dev)
-    batch = {"input_ids": ids, "labels": _labels(spec, ids), "attention_mask": mask}
+    batch = _batch(t, spec.micro_batch_size, mask)
     loss = forward_loss(t.run.state, batch, spec, num_items)
     tr.end_forward()
     tr.close_window(w)
@@ -187,11 +185,15 @@ def _micro_step(t: _Traced, prefix: str, mask, num_items) -> None:
     tr.close_window(w)
 
 
-def _labels(spec: RunSpec, ids):
-    """Next-token labels (the ids), or one class per sequence for sequence-classification."""
-    if spec.model.task == "sequence-classification":
-        return torch.randint(0, spec.model.num_labels, (ids.shape[0],), device=ids.device)
-    return ids.clone()
+def _batch(t: _Traced, rows: int, mask) -> dict:
+    """Random token ids of ``rows`` sequences with their labels: next-token labels (the ids),
+    or one class per sequence for sequence-classification."""
+    spec = t.spec
+    vocab = int(t.run.model.config.vocab_size)
+    ids = torch.randint(0, vocab, (rows, spec.sequence_length), device=t.dev)
+    labels = torch.randint(0, spec.model.num_labels, (rows,), device=t.dev) \
+        if spec.model.task == "sequence-classification" else ids.clone()
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
 def _optimizer_step(t: _Traced) -> None:
@@ -264,12 +266,7 @@ def _validation_pass(t: _Traced, mask) -> None:
 
     spec = t.spec
     b = spec.validation_micro_batch_size
-    vocab = int(t.run.model.config.vocab_size)
-    ids = torch.randint(0, vocab, (b, spec.sequence_length), device=t.dev)
-    batch = {"input_ids": ids, "labels": _labels(spec, ids)}
-    if mask is not None:
-        batch["attention_mask"] = torch.ones(b, spec.sequence_length, dtype=torch.long,
-                                             device=t.dev)
+    batch = _batch(t, b, None if mask is None else mask.new_ones(b, spec.sequence_length))
     w = t.tracker.open_window("validation")
     t.run.model.eval()
     with torch.no_grad(), autocast_context(spec, t.dev.type):

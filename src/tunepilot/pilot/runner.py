@@ -312,9 +312,8 @@ def _validate(s: Session) -> None:
     spec = s.pilot_spec
     n = spec.validation.num_batches
     s.progress("validation pass", 0, None)
-    vspec = spec if spec.validation.micro_batch_size is None else \
-        spec.with_changes(micro_batch_size=spec.validation.micro_batch_size)
-    vstream = DataStream(make_loader(vspec, s.run.dataset, s.data_info, seed=spec.seed + 1))
+    vstream = DataStream(make_loader(spec, s.run.dataset, s.data_info, seed=spec.seed + 1,
+                                     micro_batch_size=spec.validation_micro_batch_size))
     ctx = s.tracker if s.options.memory_limit_bytes else contextlib.nullcontext()
     with s.oom_guard("validation pass"):
         s.sync()
