@@ -43,6 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="runs/lightning-own")
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--accelerator", default="cpu", help="Lightning's accelerator (cpu, gpu)")
     ap.add_argument("--plain-loader", action="store_true",
                     help="a torch DataLoader (not resumable mid-epoch)")
     a = ap.parse_args()
@@ -51,7 +52,7 @@ def main() -> None:
     train = loader(VariedLengths(256, 512), batch_size=4, collate_fn=collate)
     val = torch.utils.data.DataLoader(VariedLengths(16, 512, seed=1), batch_size=4,
                                       collate_fn=collate)
-    trainer = L.Trainer(max_steps=a.steps, accelerator="cpu", devices=1,
+    trainer = L.Trainer(max_steps=a.steps, accelerator=a.accelerator, devices=1,
                         accumulate_grad_batches=2, val_check_interval=6, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         num_sanity_val_steps=0,
