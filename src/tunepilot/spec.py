@@ -22,6 +22,8 @@ from pydantic import (
 )
 
 from tunepilot.errors import SpecError, did_you_mean
+from tunepilot.kernels import KernelSpec
+from tunepilot.objective import ObjectiveSpec
 from tunepilot.yaml_input import read_yaml_mapping
 
 MethodKind = Literal["full", "lora", "qlora"]
@@ -317,6 +319,10 @@ class RunSpec(_Strict):
     """saved activations go to host memory in the forward and come back in the backward
     (torchtune's enable_activation_offloading): the device holds the layers in flight"""
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    """what is trained: sft (default), the DPO family, kto, reward, grpo/rloo (objective.py)"""
+    kernels: KernelSpec = Field(default_factory=KernelSpec)
+    """the attention implementation and the fused kernels in use (kernels.py)"""
     data: DataSpec = Field(default_factory=DataSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
