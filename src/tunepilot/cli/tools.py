@@ -92,7 +92,7 @@ def catalog_import(
 
     Example: tunepilot catalog import ~/.sky/catalogs/v7/aws/vms.csv --out aws.yaml
     """
-    from tunepilot.integrations.skypilot import import_vms_csv, write_catalog
+    from tunepilot.catalog.skypilot import import_vms_csv, write_catalog
 
     result = import_vms_csv(file, region=region, as_of=_check_date(as_of))
     write_catalog(result, out)
@@ -150,8 +150,8 @@ def launch(
     from tunepilot.catalog import load_catalog
     from tunepilot.cli.common import load_run_spec
     from tunepilot.cost.terms import parse_duration
-    from tunepilot.integrations.launch import plan_launch
-    from tunepilot.integrations.launch import submit as do_submit
+    from tunepilot.launch import plan_launch
+    from tunepilot.launch import submit as do_submit
     from tunepilot.store import atomic_write_bytes
 
     run_spec = load_run_spec(spec, quiet=as_json)

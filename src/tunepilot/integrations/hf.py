@@ -27,7 +27,6 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tunepilot.integrations.proof import PROOF_CHECKPOINT_ENV, PROOF_ENV, ProofRecorder
 from tunepilot.integrations.recorder import (
     Recorder,
     default_out_dir,
@@ -35,6 +34,7 @@ from tunepilot.integrations.recorder import (
     guarded,
     process_age_s,
 )
+from tunepilot.restore.callbacks import PROOF_CHECKPOINT_ENV, PROOF_ENV, ProofRecorder
 
 __all__ = ["TunepilotCallback", "resume_from"]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from tunepilot.integrations.proof import PROOF_CHECKPOINT_ENV, PROOF_ENV, ProofRecorder
 from tunepilot.integrations.recorder import Recorder, default_out_dir, guarded, process_age_s
+from tunepilot.restore.callbacks import PROOF_CHECKPOINT_ENV, PROOF_ENV, ProofRecorder
 
 __all__ = ["TunepilotCallback", "resume_from"]
 

@@ -5,6 +5,7 @@ exactly.
     sharded   N ranks under torchrun save a sharded checkpoint; a fresh process group (N or N'
               ranks) loads it; per-rank components compared
     trainer   the user's own HF Trainer script, run twice through TunepilotCallback
+    callbacks the callbacks' side of that proof (what each run records, ROLE.json)
     worker    what both sides run, and the fresh process (python -m tunepilot.restore.worker)
     compare   the verdict, component by component and step by step
 """

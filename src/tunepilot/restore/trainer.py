@@ -2,7 +2,7 @@
 
 The script adds ``TunepilotCallback()`` and passes ``resume_from()`` to
 ``trainer.train(resume_from_checkpoint=...)``; nothing else changes. tunepilot runs it twice
-(integrations/proof.py has the variables that steer the callback):
+(restore/callbacks.py has the variables that steer the callback):
 1. the reference: K + M steps, a checkpoint after step K (copied aside), every step's batch
    fingerprints, summed loss bits and LR recorded;
 2. a fresh process resuming from checkpoint K, stopped after step K + M, recording the same.
@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from tunepilot.errors import UserError
-from tunepilot.integrations import proof as pf
+from tunepilot.restore import callbacks as pf
 from tunepilot.restore import compare as cmp
 from tunepilot.results.figure import Figure
 from tunepilot.results.restore import (

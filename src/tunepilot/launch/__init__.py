@@ -16,7 +16,6 @@ After the job, ``tunepilot quote RUN_DIR/.. --from RUN_DIR`` uses what was measu
 
 from __future__ import annotations
 
-import math
 import shlex
 import shutil
 import subprocess
@@ -69,9 +68,13 @@ def plan_launch(spec_path: Path, spec, card, *, count: int, via: str, out: Path,
     run_dir = run_dir or f"runs/{spec.label}-{card.id}x{count}"
     plan = LaunchPlan(via, str(out), card.id, count, nodes, per, run_dir)
     if via == "skypilot":
-        text = _skypilot(spec_path, spec, card, nodes, per, count, hours, install, plan)
+        from tunepilot.launch.skypilot import task_yaml
+
+        text = task_yaml(spec_path, spec, card, nodes, per, count, hours, install, plan)
     else:
-        text = _slurm(spec_path, spec, card, nodes, per, count, hours, install, plan)
+        from tunepilot.launch.slurm import sbatch_script
+
+        text = sbatch_script(spec_path, spec, card, nodes, per, count, hours, install, plan)
     plan.commands_after.append(f"tunepilot quote {shlex.quote(str(spec_path))} --from "
                                f"{run_dir} --card {card.id} --count {count}"
                                + (f" --hours {hours:g}" if hours else " --hours 24"))
@@ -79,12 +82,12 @@ def plan_launch(spec_path: Path, spec, card, *, count: int, via: str, out: Path,
     return text, plan
 
 
-def _run_line(spec_name: str, card, count: int, per: int, hours, run_dir: str) -> str:
+def run_line(spec_name: str, card, count: int, per: int, hours, run_dir: str) -> str:
     return (f"tunepilot run {shlex.quote(spec_name)} --card {card.id} --count {count}"
             + (f" --hours {hours:g}" if hours else "") + f" --nproc {per} --out {run_dir}")
 
 
-def _data_mounts(spec_path: Path, spec) -> dict[str, str]:
+def data_mounts(spec_path: Path, spec) -> dict[str, str]:
     """Data outside the spec's directory: mounted at the same relative path on the node."""
     mounts: dict[str, str] = {}
     base = spec_path.parent.resolve()
@@ -98,91 +101,7 @@ def _data_mounts(spec_path: Path, spec) -> dict[str, str]:
     return mounts
 
 
-def _skypilot(spec_path: Path, spec, card, nodes: int, per: int, count: int, hours, install,
-              plan: LaunchPlan) -> str:
-    import yaml
-
-    accel = _sky_name(card)
-    spec_name = spec_path.name
-    run = _run_line(spec_name, card, count, per, hours, plan.run_dir)
-    if nodes > 1:
-        scale = (f"tunepilot scale {shlex.quote(spec_name)} --nproc {per} --nnodes {nodes} "
-                 f"--node-rank $SKYPILOT_NODE_RANK --rdzv-endpoint "
-                 f"$(echo \"$SKYPILOT_NODE_IPS\" | head -n1):{RDZV_PORT} "
-                 f"--out {plan.run_dir}/scale-{nodes}nodes")
-        body = (f"set -e\n{scale}\nif [ \"$SKYPILOT_NODE_RANK\" = \"0\" ]; then\n  {run}\nfi\n")
-    else:
-        body = f"set -e\n{run}\n"
-    task = {"name": f"tunepilot-{_slug(spec.label)}",
-            "resources": {"accelerators": f"{accel}:{per}"},
-            "num_nodes": nodes, "workdir": str(spec_path.parent.resolve()),
-            "setup": f"set -e\n{install}\ntunepilot --version\n", "run": body}
-    mounts = _data_mounts(spec_path, spec)
-    if mounts:
-        task["file_mounts"] = mounts
-    plan.commands_after.insert(0, f"sky rsync-down {task['name']} ~/sky_workdir/{plan.run_dir} "
-                                  f"{plan.run_dir}")
-    head = (f"# SkyPilot task written by `tunepilot launch`: the staged pilot of {spec_name} on "
-            f"{count} x {card.id} ({accel}:{per} x {nodes} node(s)).\n"
-            f"# sky launch -c {task['name']} THIS_FILE\n")
-    return head + yaml.dump(task, Dumper=_block_dumper(), sort_keys=False)
-
-
-def _block_dumper():
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        pass
-
-    def text(dumper, value: str):
-        style = "|" if "\n" in value else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-    Dumper.add_representer(str, text)
-    return Dumper
-
-
-def _sky_name(card) -> str:
-    from tunepilot.integrations.skypilot import CARD_TO_SKY
-
-    name = CARD_TO_SKY.get(card.id)
-    if name is None:
-        raise UserError("--card", f"{card.id} has no SkyPilot accelerator name tunepilot knows.",
-                        f"Known: {', '.join(sorted(CARD_TO_SKY))}.")
-    return name
-
-
-def _slurm(spec_path: Path, spec, card, nodes: int, per: int, count: int, hours, install,
-           plan: LaunchPlan) -> str:
-    minutes = max(1, math.ceil((hours or 2) * 60))
-    spec_name = str(spec_path.resolve())
-    run = _run_line(spec_name, card, count, per, hours, plan.run_dir)
-    lines = [
-        "#!/bin/bash",
-        f"# sbatch script written by `tunepilot launch`: the staged pilot of {spec_path.name} on "
-        f"{count} x {card.id}.",
-        f"#SBATCH --job-name=tunepilot-{_slug(spec.label)}",
-        f"#SBATCH --nodes={nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gres=gpu:{per}",
-        f"#SBATCH --time={minutes // 60:02d}:{minutes % 60:02d}:00",
-        "#SBATCH --output=tunepilot-%j.out",
-        "set -euo pipefail",
-        f"mkdir -p {plan.run_dir}",
-        f"# tunepilot must be installed on the nodes next to their torch: {install}",
-        "HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)",
-    ]
-    if nodes > 1:
-        lines.append(f"srun tunepilot scale {shlex.quote(spec_name)} --nproc {per} --nnodes "
-                     f"{nodes} --node-rank \"$SLURM_NODEID\" --rdzv-endpoint \"$HEAD:{RDZV_PORT}\" "
-                     f"--out {plan.run_dir}/scale-{nodes}nodes")
-    lines.append(f"srun --nodes=1 --ntasks=1 -w \"$HEAD\" {run}")
-    plan.notes.append(f"the run directory {plan.run_dir} is written on the shared filesystem "
-                      "(relative to the directory sbatch was called from)")
-    return "\n".join(lines) + "\n"
-
-
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     import re
 
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:40] or "run"
