@@ -284,3 +284,21 @@ def test_the_lightning_restore_proof_passes_with_a_stateful_loader_and_names_a_p
     checks = next(c for c in r["components"] if c["name"] == "checksums")
     assert "StatefulDataLoader" in checks["detail"]
     assert "Traceback" not in bad.stderr
+
+
+def test_a_model_loaded_in_bf16_is_derived_as_bf16_true_not_mixed(tmp_path):
+    """Found on an H200: a full fine-tune of a bfloat16-loaded model under bf16=True keeps bf16
+    weights, gradients and AdamW state (8 B/param), but was planned as bf16-mixed (16 B/param:
+    +34% over the measured peak). The derived spec follows the trained parameters' dtype."""
+    from transformers import LlamaForCausalLM
+
+    from tunepilot.integrations.derive import derive_spec
+
+    full = LlamaForCausalLM(tiny_config()).to(torch.bfloat16)
+    spec, _, notes = derive_spec(full, tmp_path / "full", micro_batch_size=2, accumulation=1,
+                                 sequence_length=64, bf16=True)
+    assert spec.precision == "bf16-true" and spec.trainable_dtype == "bf16"
+    assert any("bf16-true" in n for n in notes)
+    fp32 = derive_spec(LlamaForCausalLM(tiny_config()), tmp_path / "fp32", micro_batch_size=2,
+                       accumulation=1, sequence_length=64, bf16=True)[0]
+    assert fp32.precision == "bf16-mixed"  # fp32 master weights under autocast

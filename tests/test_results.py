@@ -11,8 +11,8 @@ import pytest
 from tunepilot.catalog import load_catalog
 from tunepilot.cost import quote
 from tunepilot.model.arch import Arch, load_preset, param_counts
-from tunepilot.pilot.assemble import _mfu
-from tunepilot.pilot.steps import StepRecord
+from tunepilot.pilot.assemble import pilot_result
+from tunepilot.pilot.measurements import Measurements, StepRecord
 from tunepilot.spec import spec_from_dict
 
 CAT = load_catalog()
@@ -28,6 +28,11 @@ def _spec(preset: str, seq: int = 2048):
         "data": {"source": "synthetic"}, "target": {"tokens": 1e9}})
 
 
+_H100 = SimpleNamespace(card_id=CARD, name="H100", kind="cuda", count=1, memory_bytes=None,
+                        notes=[], summary=lambda: {"kind": "cuda", "name": "H100",
+                                                   "card_id": CARD})
+
+
 def _pilot_mfu(spec):
     """The pilot's MFU figure for a few steps on CARD (the numbers of the steps are arbitrary:
     only the FLOPs per token it divides by are compared)."""
@@ -35,11 +40,9 @@ def _pilot_mfu(spec):
                         optimizer_s=None, useful_tokens=spec.sequence_length * 8,
                         padded_tokens=spec.sequence_length * 8,
                         sequence_length=spec.sequence_length, loss=1.0)] * 3
-    session = SimpleNamespace(
-        device=SimpleNamespace(card_id=CARD, name="H100", kind="cuda"), gpu=True, steps=steps,
-        pilot_spec=spec, arch=Arch.from_config(load_preset(spec.model.preset)),
-        options=SimpleNamespace(catalog=CAT))
-    return _mfu(session, "no steps")
+    return pilot_result(Measurements(
+        spec=spec, arch=Arch.from_config(load_preset(spec.model.preset)), device=_H100,
+        catalog=CAT, steps=steps)).mfu
 
 
 @pytest.mark.parametrize("preset", ["llama-2-13b", "mixtral-8x7b", "tiny"])

@@ -330,6 +330,57 @@ def nvml_used_by_uuid() -> dict[str, int]:
     return out
 
 
+def nvml_handles() -> tuple[object, list] | None:
+    """(pynvml, a handle per GPU) or None without NVML: for readers outside this module."""
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    try:
+        return nvml, [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+    except Exception:
+        return None
+
+
+def nvml_used_total(handles: tuple[object, list]) -> int:
+    """Device-wide used bytes summed over the GPUs of ``handles`` (0 when unreadable)."""
+    nvml, hs = handles
+    try:
+        return sum(int(nvml.nvmlDeviceGetMemoryInfo(h).used) for h in hs)
+    except Exception:
+        return 0
+
+
+def nvml_used_per_process(handles: tuple[object, list]) -> dict[int, int]:
+    """Device bytes per process id (NVML's per-process figure: its CUDA context included);
+    {} where the driver does not report processes (some containers)."""
+    nvml, hs = handles
+    out: dict[int, int] = {}
+    for h in hs:
+        try:
+            for p in nvml.nvmlDeviceGetComputeRunningProcesses(h):
+                out[p.pid] = out.get(p.pid, 0) + int(p.usedGpuMemory or 0)
+        except Exception:
+            continue
+    return out
+
+
+def own_device_bytes() -> tuple[int, str]:
+    """(bytes this process holds on the GPU now, how it was read): NVML's per-process figure
+    when the driver reports it, else the caching allocator's reserved bytes (without the CUDA
+    context, which is then counted as the run's)."""
+    import os
+
+    handles = nvml_handles()
+    if handles is not None:
+        mine = nvml_used_per_process(handles).get(os.getpid())
+        if mine:
+            return mine, "NVML per-process used memory of this process"
+    import torch
+
+    return int(torch.cuda.memory_reserved()), ("the allocator's reserved bytes (NVML reports "
+                                               "no per-process figure here)")
+
+
 # --- the background sampler --------------------------------------------------------------------
 
 

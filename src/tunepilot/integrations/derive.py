@@ -41,13 +41,23 @@ def _base_model(model: Any) -> tuple[Any, dict]:
     return model, method
 
 
-def _precision(model: Any, bf16: bool, fp16: bool) -> str:
+def _precision(model: Any, bf16: bool, fp16: bool, method: dict, notes: list[str]) -> str:
+    """The spec's precision from what the trained parameters are, then the trainer's flags: a
+    full fine-tune of a model loaded in bfloat16 keeps bf16 weights, gradients and optimizer
+    state whatever autocast does (bf16-true); bf16 LoRA adapters are method.adapter_dtype."""
+    import torch
+
+    trained = {p.dtype for p in model.parameters() if p.requires_grad and p.is_floating_point()}
+    if trained == {torch.bfloat16}:
+        if method["kind"] == "full":
+            notes.append("the trained parameters are bf16 (the model was loaded in bfloat16): "
+                         "planned as bf16-true - bf16 weights, gradients and optimizer state")
+            return "bf16-true"
+        method["adapter_dtype"] = "bf16"
     if bf16:
         return "bf16-mixed"
     if fp16:
         return "fp16-mixed"
-    import torch
-
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     return "bf16-true" if dtypes == {torch.bfloat16} else "fp32"
 
@@ -83,7 +93,7 @@ def derive_spec(model: Any, out_dir: Path, *, micro_batch_size: int, accumulatio
         "model": {"config": MODEL_CONFIG_FILE}, "method": method,
         "sequence_length": int(sequence_length), "micro_batch_size": int(micro_batch_size),
         "gradient_accumulation_steps": int(accumulation),
-        "precision": precision or _precision(base, bf16, fp16),
+        "precision": precision or _precision(base, bf16, fp16, method, notes),
         "optimizer": {"name": opt_name, **({"impl": impl} if impl else {}),
                       **({"lr": float(lr)} if lr else {})},
         "activation_checkpointing": "full" if gradient_checkpointing else "none",

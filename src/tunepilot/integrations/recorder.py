@@ -15,23 +15,19 @@ import functools
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunepilot.results.figure import Figure
-from tunepilot.results.pilot import (
-    AllocatorMemory,
-    DeviceBlock,
-    DeviceMemory,
-    MemoryBlock,
-    PilotResult,
-    ProcessMemory,
-    RunBlock,
-    Timings,
-    ValidationBlock,
-    no_allocator,
+from tunepilot.pilot.measurements import (
+    AllocatorPeaks,
+    CheckpointWrite,
+    Measurements,
+    StageTimes,
+    StepRecord,
+    ValidationPass,
 )
+from tunepilot.results.figure import Figure
+from tunepilot.results.pilot import PilotResult
 
 M = Figure.measured
 IGNORE_INDEX = -100
@@ -58,36 +54,6 @@ def guarded(method):
     return wrapper
 
 
-@dataclass
-class _Step:
-    wall_s: float
-    data_wait_s: float
-    forward_s: None = None
-    backward_s: None = None
-    optimizer_s: None = None
-    useful_tokens: int = 0
-    padded_tokens: int = 0
-    sequence_length: int = 0
-    loss: float | None = None
-    samples: int = 0
-
-
-@dataclass
-class _View:
-    """The attributes pilot/assemble.py's helpers read from a pilot Session."""
-
-    steps: list
-    warmup: list
-    pilot_spec: Any
-    device: Any
-    arch: Any
-    gpu: bool
-    load: Any = None
-    stop_rule: Any = None
-    stopped_because: str | None = None
-    options: Any = field(default_factory=lambda: type("O", (), {"catalog": None})())
-
-
 class Recorder:
     """Measures the user's own steps. ``start`` before the first step, ``finish`` at the end."""
 
@@ -97,8 +63,8 @@ class Recorder:
         self.source, self.trainer, self.warmup_steps = source, trainer, warmup_steps
         self.disabled = False
         self.started = False
-        self.steps: list[_Step] = []
-        self.warmup: list[_Step] = []
+        self.steps: list[StepRecord] = []
+        self.warmup: list[StepRecord] = []
         self.validation_s: list[float] = []
         self.checkpoints: list[tuple[float, int]] = []
         self.notes: list[str] = []
@@ -109,7 +75,7 @@ class Recorder:
         self._seq = 0
         self._samples = 0
         self._extra_wait = 0.0
-        self._allocator: dict[str, int] = {}
+        self._allocator = AllocatorPeaks()
         self._sampler = None
         self._reading = None
         self._load = None
@@ -128,6 +94,15 @@ class Recorder:
 
             torch.cuda.reset_peak_memory_stats()
         self._sampler = make_sampler(self.device)
+        if self._sampler is not None and self.gpu and self.device.kind == "cuda":
+            # the model is on the device already: the baseline is what others hold, not us
+            from tunepilot.device import own_device_bytes
+
+            own, how = own_device_bytes()
+            self._sampler.baseline_bytes = max(0, self._sampler.reader() - own)
+            self.notes.append(f"device-wide baseline: NVML used at the first step less this "
+                              f"process's own memory then ({how}): the model loaded before the "
+                              "callback started is counted as the run's")
         if self._sampler is not None:
             self._sampler.start()
         self._load = MachineLoadWatch()
@@ -165,10 +140,11 @@ class Recorder:
         now = time.perf_counter()
         begin = self._begin if self._begin is not None else self._mark
         useful = int(self._useful.item()) if hasattr(self._useful, "item") else int(self._useful)
-        step = _Step(wall_s=now - self._mark,
-                     data_wait_s=max(0.0, begin - self._mark) + self._extra_wait,
-                     useful_tokens=useful, padded_tokens=self._padded,
-                     sequence_length=self._seq, loss=loss, samples=self._samples)
+        step = StepRecord(wall_s=now - self._mark,
+                          data_wait_s=max(0.0, begin - self._mark) + self._extra_wait,
+                          forward_s=None, backward_s=None, optimizer_s=None,
+                          useful_tokens=useful, padded_tokens=self._padded,
+                          sequence_length=self._seq, loss=loss, samples=self._samples)
         if not self.warmup and not self.steps:
             _mark_first_step()
         if len(self.warmup) < self.warmup_steps:
@@ -176,8 +152,8 @@ class Recorder:
             if len(self.warmup) == self.warmup_steps and self.gpu:
                 import torch
 
-                self._allocator["first_step_peak_allocated_bytes"] = \
-                    torch.cuda.max_memory_allocated()
+                self._allocator.note_segment("first_step", torch.cuda.max_memory_allocated(),
+                                             torch.cuda.max_memory_reserved())
                 torch.cuda.reset_peak_memory_stats()
         else:
             self.steps.append(step)
@@ -215,55 +191,15 @@ class Recorder:
         ``losses``: the training losses the trainer logged, first and last recorded."""
         if self.out_dir is None or not self.started:
             return None
-        from tunepilot.pilot.assemble import (
-            _confidence_notes,
-            _data_wait,
-            _mfu,
-            _per_step,
-            _split,
-            _step_time,
-            _steps_block,
-            _throughput,
-        )
+        from tunepilot.pilot.assemble import pilot_result
         from tunepilot.pilot.provenance import collect_provenance, tunepilot_version
         from tunepilot.store import RunDir
 
-        if self._sampler is not None:
-            self._reading = self._sampler.stop()
-            self._sampler = None
-        if self.gpu:
-            import torch
-
-            self._allocator["steady_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-            self._allocator["steady_peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
-            stats = torch.cuda.memory_stats()
-            self._allocator["num_alloc_retries"] = int(stats.get("num_alloc_retries", 0))
-            self._allocator["num_ooms"] = int(stats.get("num_ooms", 0))
-        view = _View(steps=self.steps, warmup=self.warmup, pilot_spec=spec, device=self.device,
-                     arch=arch, gpu=self.gpu, load=self._load.stop() if self._load else None)
-        why = ("no measured steps: the run ended within the "
-               f"{self.warmup_steps} warm-up steps" if not self.steps else "not measured")
-        throughput = _throughput(view, why)
-        if self.steps:  # samples: what the batches held, not micro_batch x accumulation
-            wall = sum(x.wall_s for x in self.steps)
-            throughput.samples_per_s = M(sum(x.samples for x in self.steps) / wall, "samples/s")
-        split = _split(view, why)
-        split.how = "not split: the user's loop runs forward, backward and the optimizer"
-        result = PilotResult(
-            source=self.source, fits=True, verdict=f"measured {len(self.steps)} steps of the "
-            f"user's own {self.trainer} run",
-            device=DeviceBlock(**self.device.summary(), count=self.device.count,
-                               memory=M(self.device.memory_bytes, "bytes", why="not reported")),
-            run=self._run_block(spec), timings=self._timings(startup_s),
-            steps=_steps_block(view), step_time=_step_time(view, why), split=split,
-            data_wait=_data_wait(view, why), throughput=throughput, mfu=_mfu(view, why),
-            memory=self._memory(), validation=self._validation(), per_step=_per_step(view),
-            machine_load=view.load,
-            notes=list(dict.fromkeys(self.notes + self.device.notes + _confidence_notes(view))))
+        result = pilot_result(self.measurements(spec, arch, startup_s, losses),
+                              no_steps_why=None if self.steps else
+                              "no measured steps: the run ended within the "
+                              f"{self.warmup_steps} warm-up steps")
         result.spec_hash = spec.spec_hash()
-        if losses:
-            result.loss.first = M(losses[0], "nats/token")
-            result.loss.last = M(losses[-1], "nats/token")
         run = RunDir(self.out_dir)
         run.write(result)
         provenance = collect_provenance(spec, device=self.device.to_dict(),
@@ -273,95 +209,45 @@ class Recorder:
                             provenance=provenance, tunepilot_version=tunepilot_version())
         return result
 
-    def _run_block(self, spec) -> RunBlock:
-        seq = max((x.sequence_length for x in self.steps + self.warmup), default=None)
-        return RunBlock(label=spec.label, method=spec.method.kind, precision=spec.precision,
-                        optimizer=spec.optimizer.name, micro_batch_size=spec.micro_batch_size,
-                        sequence_length=seq,
-                        gradient_accumulation_steps=spec.gradient_accumulation_steps,
-                        activation_checkpointing=spec.activation_checkpointing,
-                        trainer=self.trainer,
-                        tokens_per_optimizer_step=M(spec.tokens_per_optimizer_step, "tokens",
-                                                    covers="at the longest sequence seen"))
-
-    def _timings(self, startup_s: float | None) -> Timings:
-        warm = sum(x.wall_s for x in self.warmup)
-        meas = sum(x.wall_s for x in self.steps)
-        ck_s = sum(s for s, _ in self.checkpoints)
-        ck_b = self.checkpoints[-1][1] if self.checkpoints else None
-        last_s = self.checkpoints[-1][0] if self.checkpoints else None
-        why_ck = "the run saved no checkpoint while recording"
-        return Timings(
-            model_load_s=Figure.missing("s", "the model was loaded before the callback started "
-                                        "(see setup_s)"),
-            setup_s=M(startup_s, "s", why="the process start time was not readable",
-                      covers="process start to the first step: imports, model load, data "
-                             "preparation, the trainer's set-up"),
-            warmup_s=M(warm if self.warmup else None, "s", why="no warm-up steps"),
-            measure_s=M(meas if self.steps else None, "s", why="no measured steps"),
-            validation_pass_s=M(self.validation_s[-1] if self.validation_s else None, "s",
-                                why="the run did not evaluate while recording"),
-            checkpoint_write_s=M(last_s, "s", why=why_ck,
-                                 covers=(f"the last of {len(self.checkpoints)} saves "
-                                         f"({ck_s:.2f} s in all)") if self.checkpoints
-                                 else None),
-            checkpoint_bytes=M(ck_b, "bytes", why=why_ck),
-            checkpoint_bytes_per_s=M(ck_b / last_s if ck_b and last_s else None, "bytes/s",
-                                     why=why_ck),
-            checkpoint_method=f"the {self.trainer}'s own save" if self.checkpoints else None,
-            pilot_total_s=M(time.perf_counter() - self.t_start, "s",
-                            covers="from the first step to the end of training"))
-
-    def _memory(self) -> MemoryBlock:
-        from tunepilot.device import _read_hwm
-
-        a, r = self._allocator, self._reading
+    def measurements(self, spec, arch, startup_s: float | None = None,
+                     losses: list[float] | None = None) -> Measurements:
+        """What the recorder measured, as the pilot's typed Measurements."""
+        reading = self._sampler.stop() if self._sampler is not None else self._reading
+        self._sampler, self._reading = None, reading
         if self.gpu:
-            alloc = AllocatorMemory(
-                peak_allocated_bytes=M(a.get("steady_peak_allocated_bytes"), "bytes",
-                                       why="no steps ran", covers="after the warm-up steps"),
-                peak_reserved_bytes=M(a.get("steady_peak_reserved_bytes"), "bytes",
-                                      why="no steps ran"),
-                first_step_peak_allocated_bytes=M(a.get("first_step_peak_allocated_bytes"),
-                                                  "bytes", why="fewer steps than the warm-up",
-                                                  covers="model load + the warm-up steps"),
-                model_load_peak_allocated_bytes=Figure.missing(
-                    "bytes", "the model was loaded before the callback started"),
-                num_alloc_retries=M(a.get("num_alloc_retries", 0), "count"),
-                num_ooms=M(a.get("num_ooms", 0), "count"))
-        else:
-            alloc = no_allocator()
-        if self.gpu and r is not None:
-            reserved = a.get("steady_peak_reserved_bytes")
-            device = DeviceMemory(
-                source=r.source, baseline_bytes=M(r.baseline_bytes, "bytes"),
-                peak_bytes=M(r.peak_bytes, "bytes"),
-                peak_minus_baseline_bytes=M(r.peak_minus_baseline_bytes, "bytes"),
-                gap_bytes=M(r.peak_minus_baseline_bytes - reserved if reserved else None,
-                            "bytes", why="no allocator reading"),
-                interval_s=r.interval_s, num_samples=r.num_samples)
-        else:
-            why = ("CPU: no device memory (CUDA/HIP only)" if not self.gpu else
-                   "no device-wide reading (NVML/amdsmi not available)")
-            device = DeviceMemory(**{k: Figure.missing("bytes", why) for k in (
-                "baseline_bytes", "peak_bytes", "peak_minus_baseline_bytes", "gap_bytes")})
-        process = ProcessMemory()
-        if not self.gpu and r is not None:
-            hwm = _read_hwm()
-            process = ProcessMemory(
-                baseline_rss_bytes=M(r.baseline_bytes, "bytes"),
-                peak_rss_bytes=M(max(r.peak_bytes, hwm or 0), "bytes"),
-                rss_growth_bytes=M(r.peak_minus_baseline_bytes, "bytes"),
-                source=f"{r.source} from the first step on", covers="the training steps")
-        return MemoryBlock(allocator=alloc, device=device, process=process)
+            import torch
 
-    def _validation(self) -> ValidationBlock:
-        if not self.validation_s:
-            return ValidationBlock(seconds=Figure.missing(
-                "s", "the run did not evaluate while recording"))
-        return ValidationBlock(num_batches=None, seconds=M(self.validation_s[-1], "s"),
-                               batches_from=f"the {self.trainer}'s own evaluation "
-                               f"({len(self.validation_s)} pass(es))")
+            stats = torch.cuda.memory_stats()
+            a = self._allocator
+            a.note_segment("steady", torch.cuda.max_memory_allocated(),
+                           torch.cuda.max_memory_reserved())
+            a.num_alloc_retries = int(stats.get("num_alloc_retries", 0))
+            a.num_ooms = int(stats.get("num_ooms", 0))
+        ck = None
+        if self.checkpoints:
+            last_s, last_b = self.checkpoints[-1]
+            ck = CheckpointWrite(seconds=last_s, nbytes=last_b, count=len(self.checkpoints),
+                                 total_s=sum(x for x, _ in self.checkpoints),
+                                 method=f"the {self.trainer}'s own save")
+        val = ValidationPass(seconds=self.validation_s[-1], count=len(self.validation_s),
+                             batches_from=f"the {self.trainer}'s own evaluation "
+                             f"({len(self.validation_s)} pass(es))") if self.validation_s else None
+        times = StageTimes(
+            setup_s=startup_s, setup_covers="process start to the first step: imports, model "
+            "load, data preparation, the trainer's set-up",
+            model_load_why="the model was loaded before the callback started (see setup_s)",
+            warmup_s=sum(x.wall_s for x in self.warmup) if self.warmup else None,
+            measure_s=sum(x.wall_s for x in self.steps) if self.steps else None,
+            total_s=time.perf_counter() - self.t_start,
+            total_covers="from the first step to the end of training")
+        return Measurements(
+            spec=spec, arch=arch, device=self.device, source=self.source, trainer=self.trainer,
+            steps=list(self.steps), warmup=list(self.warmup),
+            load=self._load.stop() if self._load else None, allocator=self._allocator,
+            reading=reading, validation=val, checkpoint=ck, times=times,
+            notes=list(self.notes),
+            split_how="not split: the user's loop runs forward, backward and the optimizer",
+            losses=(losses[0], losses[-1]) if losses else None)
 
 
 def default_out_dir(name: str) -> Path:

@@ -23,6 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from tunepilot.device import nvml_handles, nvml_used_per_process, nvml_used_total
 from tunepilot.errors import UserError
 from tunepilot.results.figure import Figure
 from tunepilot.results.pilot import (
@@ -55,9 +56,9 @@ class _Tree:
         self.device_peak = 0
         self.device_baseline: int | None = None
         self.samples = 0
-        self._nvml = _nvml_handles()
+        self._nvml = nvml_handles()
         if self._nvml:
-            self.device_baseline = _device_used(self._nvml)
+            self.device_baseline = nvml_used_total(self._nvml)
 
     def sample(self) -> None:
         import psutil
@@ -82,43 +83,11 @@ class _Tree:
         self.peak_tree_rss = max(self.peak_tree_rss, total)
         if self._nvml:
             pids = set(self.seen)
-            for pid, used in _gpu_per_process(self._nvml).items():
+            for pid, used in nvml_used_per_process(self._nvml).items():
                 if pid in pids:
                     self.gpu_peak[pid] = max(self.gpu_peak.get(pid, 0), used)
-            self.device_peak = max(self.device_peak, _device_used(self._nvml))
+            self.device_peak = max(self.device_peak, nvml_used_total(self._nvml))
         self.samples += 1
-
-
-def _nvml_handles():
-    from tunepilot.device import _nvml
-
-    nvml = _nvml()
-    if nvml is None:
-        return None
-    try:
-        return nvml, [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-    except Exception:
-        return None
-
-
-def _device_used(h) -> int:
-    nvml, handles = h
-    try:
-        return sum(int(nvml.nvmlDeviceGetMemoryInfo(x).used) for x in handles)
-    except Exception:
-        return 0
-
-
-def _gpu_per_process(h) -> dict[int, int]:
-    nvml, handles = h
-    out: dict[int, int] = {}
-    for x in handles:
-        try:
-            for p in nvml.nvmlDeviceGetComputeRunningProcesses(x):
-                out[p.pid] = out.get(p.pid, 0) + int(p.usedGpuMemory or 0)
-        except Exception:
-            continue
-    return out
 
 
 def watch_command(cmd: list[str], out: Path | str, *, spec=None, interval_s: float = 0.2,

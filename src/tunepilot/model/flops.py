@@ -30,12 +30,31 @@ OPTIMIZER_STATES = {  # state tensors per trainable element (Adafactor: see opti
 }
 
 
-def peak_precision(spec, *, tf32: bool = False) -> str:
-    """The catalog peak_tflops key the spec's matmuls run at."""
+def peak_precision(spec) -> str:
+    """The catalog peak_tflops key the spec's matmuls run at: the one peak rule of MFU, for the
+    pilot and the quote alike. fp32 is the fp32 peak (PyTorch's default keeps TF32 off for
+    matmuls; a pilot that ran with TF32 on says so beside its MFU)."""
     if spec.method.kind == "qlora":
         return "bf16"
-    key = PEAK_KEY[spec.precision]
-    return "tf32" if key == "fp32" and tf32 else key
+    return PEAK_KEY[spec.precision]
+
+
+MFU_RULE = ("MFU = training FLOPs per token (PaLM, at the mean processed sequence length) x "
+            "token positions processed per second (padding included: the card computes them) / "
+            "the card's dense peak at the spec's compute precision")
+
+
+def mfu(arch: Arch, spec, positions_per_s: float, mean_sequence_length: float,
+        peak_flops: float) -> float:
+    """Model FLOP utilisation by MFU_RULE (a fraction): the one definition the pilot measures
+    and the quote projects with."""
+    return flops_per_token(arch, spec, mean_sequence_length).train * positions_per_s / peak_flops
+
+
+def positions_per_s_at(arch: Arch, spec, mfu_value: float, mean_sequence_length: float,
+                       peak_flops: float) -> float:
+    """MFU_RULE solved for the throughput: token positions per second at this MFU."""
+    return mfu_value * peak_flops / flops_per_token(arch, spec, mean_sequence_length).train
 
 
 @dataclass(frozen=True)
@@ -139,6 +158,14 @@ def optimizer_bytes(spec, trainable: int, shapes: list[tuple[int, ...]], impl: s
 def optimizer_state_bytes(arch: Arch, spec, trainable: int) -> int:
     """Bytes of optimizer state for the spec (what a checkpoint holds besides the weights)."""
     return optimizer_bytes(spec, trainable, trainable_shapes(arch, spec), "fused")[0]
+
+
+def checkpoint_bytes(arch: Arch, spec, trainable: int) -> int:
+    """A training checkpoint's tensor bytes: the trained parameters in their dtype
+    (spec.trainable_dtype: LoRA adapters or a full run's parameters) + the optimizer state. The
+    one rule for the plan and the quote."""
+    return trainable * DTYPE_BYTES[spec.trainable_dtype] + optimizer_state_bytes(arch, spec,
+                                                                                 trainable)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -31,6 +31,7 @@ def needs_bitsandbytes(spec: RunSpec) -> bool:
 def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Path):
     """Probe, check and read everything the pilot needs; a Session ready to build the run."""
     from tunepilot.dataset import build_dataset
+    from tunepilot.pilot.measurements import Measurements
     from tunepilot.pilot.provenance import collect_provenance
     from tunepilot.pilot.runner import Session
 
@@ -51,9 +52,10 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     check_device_features(pilot_spec, info)
     arch = resolve_arch(pilot_spec, options.base_dir)
     plan = analytic_plan(pilot_spec, arch, info.kind)
-    s = Session(spec=spec, pilot_spec=pilot_spec, device=info, options=options, arch=arch,
-                plan=plan, log=log, progress=progress, run_dir=run_dir,
-                notes=notes + info.missing)
+    m = Measurements(spec=pilot_spec, arch=arch, device=info, catalog=catalog,
+                     notes=notes + info.missing)
+    s = Session(spec=spec, m=m, options=options, plan=plan, log=log, progress=progress,
+                run_dir=run_dir)
     problem = plan_fit_problem(pilot_spec, plan, info) if options.check_memory else None
     if problem:
         from tunepilot.pilot.runner import _DoesNotFit
@@ -63,7 +65,7 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
         log(f"refused before building: {problem}")
         return s
     if options.memory_limit_bytes:
-        s.notes.append(f"--memory-limit {options.memory_limit_bytes} bytes: every step ran "
+        m.notes.append(f"--memory-limit {options.memory_limit_bytes} bytes: every step ran "
                        "under the tensor tracker, which raises torch.OutOfMemoryError past the "
                        "limit; step times include the tracker's per-op cost")
     progress("read data", 0, None)
@@ -72,10 +74,10 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
         raise UserError("micro_batch_size", f"the dataset has {len(s.dataset)} samples, fewer "
                         f"than one micro-batch of {pilot_spec.micro_batch_size}.",
                         "Add samples, or lower micro_batch_size.")
-    s.notes += s.data_info.notes
+    m.notes += s.data_info.notes
     for n in s.data_info.notes:
         log(f"data: {n}")
-    s.timings["setup_s"] = time.perf_counter() - t0
+    m.times.setup_s = time.perf_counter() - t0
     s.provenance = collect_provenance(
         spec, device=info.to_dict(), data=s.data_info.provenance(),
         model=_model_provenance(spec, arch, options.base_dir))

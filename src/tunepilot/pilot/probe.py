@@ -13,9 +13,9 @@ import torch
 from tunepilot.dataset import longest_batch
 from tunepilot.errors import TunepilotError
 from tunepilot.memory.tracker import StorageTracker, state_tensors, tensor_bytes
+from tunepilot.pilot.measurements import CheckpointWrite, StepRecord
 from tunepilot.pilot.steps import (
     InstrumentedStep,
-    StepRecord,
     free_memory,
     optimizer_state_complete,
     probe_step_memory,
@@ -48,10 +48,8 @@ def reset_allocator_peak(s, segment: str) -> None:
 
 
 def _note_allocator(s, segment: str) -> None:
-    a = s.allocator
-    a[f"{segment}_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    a[f"{segment}_peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
-    a["max_reserved_bytes"] = max(a.get("max_reserved_bytes", 0), torch.cuda.max_memory_reserved())
+    s.m.allocator.note_segment(segment, torch.cuda.max_memory_allocated(),
+                               torch.cuda.max_memory_reserved())
 
 
 def read_allocator(s) -> None:
@@ -61,8 +59,8 @@ def read_allocator(s) -> None:
         return
     _note_allocator(s, "steady")
     stats = torch.cuda.memory_stats()
-    s.allocator["num_alloc_retries"] = int(stats.get("num_alloc_retries", 0))
-    s.allocator["num_ooms"] = int(stats.get("num_ooms", 0))
+    s.m.allocator.num_alloc_retries = int(stats.get("num_alloc_retries", 0))
+    s.m.allocator.num_ooms = int(stats.get("num_ooms", 0))
 
 
 def checkpoint_probe(s) -> None:
@@ -76,8 +74,8 @@ def checkpoint_probe(s) -> None:
     need = tensor_bytes(t for sd in (msd, osd) for t in _tensors_in(sd))
     free = shutil.disk_usage(parent).free
     if need * DISK_MARGIN > free:
-        s.checkpoint = {"unavailable": f"not enough free disk in {parent}: the state is about "
-                        f"{need:,} bytes, {free:,} free"}
+        s.m.checkpoint = CheckpointWrite(unavailable=f"not enough free disk in {parent}: the "
+                                         f"state is about {need:,} bytes, {free:,} free")
         return
     tmp = Path(tempfile.mkdtemp(prefix=".pilot-probe-", dir=parent))
     try:
@@ -85,16 +83,16 @@ def checkpoint_probe(s) -> None:
         t0 = time.perf_counter()
         info = save_checkpoint(tmp / "ckpt", s.run.state, s.run.stream, s.pilot_spec,
                                extra={"written_by": "tunepilot pilot (timing probe)"})
-        s.checkpoint = {"seconds": time.perf_counter() - t0, "bytes": int(info.bytes),
-                        "files": len(info.files), "kind": info.kind,
-                        "method": "tunepilot.checkpoint.save_checkpoint (the format the run "
-                                  "writes: atomic, fsynced, checksummed)"}
+        s.m.checkpoint = CheckpointWrite(
+            seconds=time.perf_counter() - t0, nbytes=int(info.bytes), files=len(info.files),
+            kind=info.kind, method="tunepilot.checkpoint.save_checkpoint (the format the run "
+                                   "writes: atomic, fsynced, checksummed)")
     except (OSError, TunepilotError) as exc:  # a failed write is a finding, not a crash
-        s.checkpoint = {"unavailable": f"the checkpoint write failed: {exc}"}
-        s.notes.append(s.checkpoint["unavailable"])
+        s.m.checkpoint = CheckpointWrite(unavailable=f"the checkpoint write failed: {exc}")
+        s.m.notes.append(s.m.checkpoint.unavailable)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    s.log(f"checkpoint write: {s.checkpoint}")
+    s.log(f"checkpoint write: {s.m.checkpoint}")
 
 
 def _tensors_in(obj):

@@ -4,35 +4,14 @@ calibration ratios later plans apply (memory/calibration.py, `plan --calibrate`)
 from __future__ import annotations
 
 from tunepilot.results.figure import Figure
-from tunepilot.results.pilot import Calibration, DeviceMemory, PlanVsMeasured, Residual
+from tunepilot.results.pilot import Calibration, PlanVsMeasured, Residual
 
 CALIBRATED_COMPONENTS = ("weights", "gradients", "optimizer", "activations", "temporary")
 M = Figure.measured
 
 
-def device_memory(s) -> DeviceMemory:
-    """The device-wide NVML/amdsmi reading (a GPU), or why there is none."""
-    r = s.reading
-    if s.gpu and r is not None:
-        delta = r.peak_minus_baseline_bytes
-        reserved = s.allocator.get("max_reserved_bytes")
-        return DeviceMemory(
-            source=r.source, baseline_bytes=M(r.baseline_bytes, "bytes"),
-            peak_bytes=M(r.peak_bytes, "bytes"), peak_minus_baseline_bytes=M(delta, "bytes"),
-            gap_bytes=M(delta - reserved if reserved is not None else None, "bytes",
-                        why="no allocator reading", covers="device-wide peak minus the allocator's "
-                        "reserved peak: runtime context, cuBLAS/cuDNN workspaces, NCCL "
-                        "buffers, other processes' growth"),
-            interval_s=r.interval_s, num_samples=r.num_samples)
-    why = ("CPU: no device memory (CUDA/HIP only)" if not s.gpu else
-           "no device-wide reading (NVML/amdsmi not available)")
-    return DeviceMemory(**{k: Figure.missing("bytes", why) for k in
-                           ("baseline_bytes", "peak_bytes", "peak_minus_baseline_bytes",
-                            "gap_bytes")})
-
-
 def _rows(s) -> list[tuple[str, int, int | None, str]]:
-    d, mem, a = s.plan.per_device, s.step_memory, s.allocator
+    d, mem, a = s.plan.per_device, s.step_memory, s.m.allocator
     rows: list[tuple[str, int, int | None, str]] = []
     if mem is not None:
         rows += [
@@ -45,15 +24,15 @@ def _rows(s) -> list[tuple[str, int, int | None, str]]:
             ("temporary", d.temporary_bytes, mem.temporary_bytes,
              "largest transient beyond the phase's live tensors"),
         ]
-    alloc = a.get("steady_peak_allocated_bytes") if s.gpu else (mem.peak_bytes if mem else None)
+    alloc = a.steady_peak_allocated_bytes if s.gpu else (mem.peak_bytes if mem else None)
     rows.append(("allocated_peak", d.allocated_peak_bytes, alloc,
                  "allocator max_memory_allocated" if s.gpu else "tracked tensor peak"))
     if s.gpu:
-        rows.append(("reserved_peak", d.reserved_peak_bytes, a.get("steady_peak_reserved_bytes"),
+        rows.append(("reserved_peak", d.reserved_peak_bytes, a.steady_peak_reserved_bytes,
                      "allocator max_memory_reserved"))
-        if s.reading is not None:
-            delta = s.reading.peak_minus_baseline_bytes
-            reserved = a.get("max_reserved_bytes")
+        if s.m.reading is not None:
+            delta = s.m.reading.peak_minus_baseline_bytes
+            reserved = a.max_reserved_bytes
             rows.append(("runtime_overhead", d.runtime_overhead_bytes,
                          delta - reserved if reserved is not None else None,
                          "device-wide peak minus reserved peak"))
@@ -94,10 +73,10 @@ def calibration(s, pvm: PlanVsMeasured) -> Calibration | None:
                       micro_batch_size=s.pilot_spec.micro_batch_size,
                       sequence_length=s.longest["sequence_length"] if s.longest else None,
                       ratios=ratios)
-    a = s.allocator
-    if s.gpu and a.get("steady_peak_allocated_bytes"):
-        out.reserve_slack_fraction = (a["steady_peak_reserved_bytes"] /
-                                      a["steady_peak_allocated_bytes"] - 1)
+    a = s.m.allocator
+    if s.gpu and a.steady_peak_allocated_bytes:
+        out.reserve_slack_fraction = (a.steady_peak_reserved_bytes /
+                                      a.steady_peak_allocated_bytes - 1)
         ro = pvm.components.get("runtime_overhead")
         if ro is not None and ro.measured.value is not None:
             out.runtime_overhead_bytes = max(0, int(ro.measured.value))

@@ -20,19 +20,20 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.dataset import DataInfo, longest_batch, useful_tokens
-from tunepilot.device import DeviceInfo, SamplerReading, make_sampler, nvml_used_by_uuid
+from tunepilot.device import DeviceInfo, make_sampler, nvml_used_by_uuid
 from tunepilot.errors import UserError
 from tunepilot.memory.tracker import SIMULATED_OOM, StorageTracker, state_tensors
 from tunepilot.model.arch import Arch
+from tunepilot.pilot.measurements import Measurements, ValidationPass
 from tunepilot.pilot.stats import StopRule
-from tunepilot.pilot.steps import InstrumentedStep, StepMemory, StepRecord, free_memory
+from tunepilot.pilot.steps import InstrumentedStep, StepMemory, free_memory
 from tunepilot.results.pilot import PilotResult
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
@@ -74,19 +75,16 @@ class _DoesNotFit(Exception):
 
 @dataclass
 class Session:
-    """What one pilot measured, gathered for pilot/assemble.py."""
+    """One pilot in progress: what it measured (``m``, the typed Measurements that become
+    pilot.json) and what running it needs (the options, the plan, the built run, the probes)."""
 
     spec: RunSpec
-    pilot_spec: RunSpec
-    device: DeviceInfo
+    m: Measurements
     options: PilotOptions
-    arch: Arch
     plan: MemoryPlan
     log: Callable[[str], None]
     progress: Progress
     run_dir: Path
-    notes: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
     data_info: DataInfo | None = None
     dataset: object = None
     longest: dict[str, int] | None = None
@@ -95,26 +93,31 @@ class Session:
     params: dict[str, int] | None = None
     tracker: StorageTracker | None = None
     step: InstrumentedStep | None = None
-    warmup: list[StepRecord] = field(default_factory=list)
-    steps: list[StepRecord] = field(default_factory=list)
-    stopped_because: str | None = None
-    stop_rule: StopRule | None = None
+    rule: StopRule | None = None
     step_memory: StepMemory | None = None
     tracked_peak_bytes: int | None = None
-    allocator: dict[str, int] = field(default_factory=dict)
     sampler: object = None
-    reading: SamplerReading | None = None
-    validation: dict | None = None
-    checkpoint: dict | None = None
     does_not_fit: _DoesNotFit | None = None
     search: dict | None = None
     provenance: dict | None = None
     tracker_live_at_oom: int | None = None
-    load: dict | None = None
+
+    @property
+    def pilot_spec(self) -> RunSpec:
+        """The spec the pilot runs (one device, the plan's levers off)."""
+        return self.m.spec
+
+    @property
+    def device(self) -> DeviceInfo:
+        return self.m.device
+
+    @property
+    def arch(self) -> Arch:
+        return self.m.arch
 
     @property
     def gpu(self) -> bool:
-        return self.device.kind != "cpu"
+        return self.m.gpu
 
     @property
     def device_type(self) -> str:
@@ -178,10 +181,10 @@ def run_pilot(spec: RunSpec, out: Path | str | None = None, options: PilotOption
                 if s.sampler is not None:
                     s.sampler.start()
                 _execute(s)
-            s.timings["pilot_total_s"] = time.perf_counter() - t_start
+            s.m.times.total_s = time.perf_counter() - t_start
             return _finish(s, run_dir)
     finally:
-        if s is not None and s.sampler is not None and s.reading is None:
+        if s is not None and s.sampler is not None and s.m.reading is None:
             s.sampler.stop()  # an error before the end: do not leave the thread running
         log.close()
 
@@ -205,7 +208,7 @@ def _execute(s: Session) -> None:
     if s.does_not_fit is None:
         checkpoint_probe(s)
     if s.sampler is not None:  # before the search, which runs into the limit on purpose
-        s.reading = s.sampler.stop()
+        s.m.reading = s.sampler.stop()
     if s.options.find_max_batch and s.run is not None:
         find_max_batch(s)
 
@@ -216,21 +219,22 @@ def _build(s: Session) -> None:
     if s.gpu:
         torch.cuda.reset_peak_memory_stats()
     rule = StopRule(max_steps=s.options.max_steps, fixed_steps=s.options.steps)
-    s.stop_rule = rule
+    s.rule = rule
+    s.m.stop_rule = rule.describe()
     t0 = time.perf_counter()
     with s.oom_guard("model load"):
         s.run = build_run(s.pilot_spec, s.device.torch_device, total_steps=WARMUP_STEPS +
                           rule.limit, base_dir=s.options.base_dir,
                           dataset=(s.dataset, s.data_info))
         s.sync()
-    s.timings["model_load_s"] = time.perf_counter() - t0
+    s.m.times.model_load_s = time.perf_counter() - t0
     params = list(s.run.model.parameters())
     s.params = {"total": sum(p.numel() for p in params),
                 "trainable": sum(p.numel() for p in params if p.requires_grad)}
     s.params["frozen"] = s.params["total"] - s.params["trainable"]
     if s.gpu:
-        s.allocator["model_load_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    s.log(f"model built in {s.timings['model_load_s']:.3f} s: {s.params}")
+        s.m.allocator.model_load_peak_allocated_bytes = torch.cuda.max_memory_allocated()
+    s.log(f"model built in {s.m.times.model_load_s:.3f} s: {s.params}")
     s.tracker = StorageTracker(1, limit_bytes=s.options.memory_limit_bytes,
                                device_type=s.device_type)
     s.tracker.adopt(state_tensors(s.run.model))
@@ -255,7 +259,7 @@ def _longest(s: Session) -> None:
         # compare like with like: the plan of the batch the probe step runs
         s.plan = analytic_plan(spec.with_changes(sequence_length=s.longest["sequence_length"]),
                                s.arch, s.device.kind)
-        s.notes.append(f"the longest batch is {s.longest['sequence_length']} tokens long "
+        s.m.notes.append(f"the longest batch is {s.longest['sequence_length']} tokens long "
                        f"(sequence_length {spec.sequence_length}): the plan the pilot is "
                        "compared with is of that length")
 
@@ -274,35 +278,35 @@ def _warmup(s: Session) -> None:
                 rec = probe_step(s)
             else:
                 rec = s.step(state, lambda: lb)
-        s.warmup.append(rec)
+        s.m.warmup.append(rec)
         s.log(f"{phase}: {rec.wall_s:.4f} s, loss {rec.loss:.4f}")
-    s.timings["warmup_s"] = time.perf_counter() - t0
+    s.m.times.warmup_s = time.perf_counter() - t0
 
 
 def _measure(s: Session) -> None:
     from tunepilot.pilot.load import MachineLoadWatch
 
-    rule = s.stop_rule
+    rule = s.rule
     t0 = time.perf_counter()
     s.progress("measure steps", 0, rule.limit)
     times: list[float] = []
     watch = MachineLoadWatch()
     while True:
-        with s.oom_guard(f"measured step {len(s.steps) + 1}"):
+        with s.oom_guard(f"measured step {len(s.m.steps) + 1}"):
             rec = s.step(s.run.state, s.run.stream.next)
-        s.steps.append(rec)
+        s.m.steps.append(rec)
         times.append(rec.wall_s)
         s.progress("measure steps", len(times), rule.limit)
         if not math.isfinite(rec.loss):
-            s.notes.append(f"measured step {len(times)}: the loss is not finite "
+            s.m.notes.append(f"measured step {len(times)}: the loss is not finite "
                            f"({rec.loss}); check precision and learning rate")
         why = rule.verdict(times)
         if why:
-            s.stopped_because = why
+            s.m.stopped_because = why
             break
-    s.load = watch.stop()
-    s.timings["measure_s"] = time.perf_counter() - t0
-    s.log(f"measured {len(times)} steps ({s.stopped_because}); wall "
+    s.m.load = watch.stop()
+    s.m.times.measure_s = time.perf_counter() - t0
+    s.log(f"measured {len(times)} steps ({s.m.stopped_because}); wall "
           + " ".join(f"{t:.4f}" for t in times))
 
 
@@ -322,15 +326,15 @@ def _validate(s: Session) -> None:
             loss, tokens = evaluate(s.run.model, (vstream.next() for _ in range(n)), spec)
         s.sync()
         dt = time.perf_counter() - t0
-    s.validation = {"num_batches": n, "loss": loss, "useful_tokens": tokens, "seconds": dt}
+    s.m.validation = ValidationPass(seconds=dt, num_batches=n, loss=loss, useful_tokens=tokens)
     s.log(f"validation pass: {n} batches in {dt:.4f} s, loss {loss:.4f}")
 
 
 def _finish(s: Session, run_dir: RunDir) -> PilotResult:
-    from tunepilot.pilot.assemble import assemble
+    from tunepilot.pilot.blocks import pilot_document
     from tunepilot.pilot.provenance import tunepilot_version
 
-    result = assemble(s)
+    result = pilot_document(s)
     result.spec_hash = s.spec.spec_hash()
     run_dir.write(result)
     run_dir.update_manifest(spec=s.spec.model_dump(mode="json"), device=s.device.summary(),

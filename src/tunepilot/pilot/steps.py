@@ -17,27 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from tunepilot.memory.tracker import StorageTracker, state_tensors, tensor_bytes
+from tunepilot.pilot.measurements import StepRecord
 from tunepilot.spec import RunSpec
 from tunepilot.training import StepStats, TrainState, train_step
 
 GPU_SPLIT_EVERY = 5  # split fwd/bwd/opt on every 5th GPU step (each split costs two syncs)
 
 Batch = dict[str, torch.Tensor]
-
-
-@dataclass
-class StepRecord:
-    """One measured optimizer step."""
-
-    wall_s: float
-    data_wait_s: float
-    forward_s: float | None
-    backward_s: float | None
-    optimizer_s: float | None
-    useful_tokens: int
-    padded_tokens: int
-    sequence_length: int  # padded length of the step's (last) micro-batch
-    loss: float
 
 
 class InstrumentedStep:
