@@ -52,7 +52,7 @@ def project(row: dict) -> dict:
     published = float(row["published_tokens_per_s_per_gpu"])
     import re
 
-    text = json.dumps(throughput_model())  # every source the model cites
+    text = throughput_model().model_dump_json()  # every source the model cites
     in_sample = re.search(rf"\b{row['id']}\b", text) is not None
     return {"id": row["id"], "implementation": row["implementation"],
             "model": row["model_preset"], "card": card.id, "count": count,

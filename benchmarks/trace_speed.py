@@ -39,9 +39,9 @@ def run_case(fields: dict) -> dict:
     spec = spec_from_dict(fields)
     t0 = time.perf_counter()
     raw = trace_in_child(spec, resolve_model_config(spec), "cuda")
-    return {"wall_s": time.perf_counter() - t0, "child_wall_s": raw["child_wall_s"],
-            "child_peak_rss_bytes": raw["child_peak_rss_bytes"], "num_ops": raw["num_ops"],
-            "peak_bytes": raw["peak_bytes"]}
+    return {"wall_s": time.perf_counter() - t0, "child_wall_s": raw.child_wall_s,
+            "child_peak_rss_bytes": raw.child_peak_rss_bytes, "num_ops": raw.num_ops,
+            "peak_bytes": raw.peak_bytes}
 
 
 def main() -> int:

@@ -130,14 +130,14 @@ def check(name: str, fields: dict, device: str, nvml_base: int | None) -> dict:
          "traced_allocated": plan.per_device.allocated_peak_bytes,
          "traced_reserved": plan.per_device.reserved_peak_bytes,
          "traced_device": plan.per_device.device_peak_bytes,
-         "traced_peak_phase": plan.peak_phase, "attention": raw["attention_kernel"]}
+         "traced_peak_phase": plan.peak_phase, "attention": raw.attention_kernel}
     with NvmlPeak() as nv:
         real = trace_step(spec, cfg, "cuda", fake=False, device=device)
-        r["tracker_on_device"] = real["peak_bytes"]
-        r["real_peak_phase"] = max(real["phases"], key=lambda p: p["peak_bytes"])["name"]
-        r["real_attention"] = real["attention_kernel"]
-        r["max_allocated"] = real.get("cuda_max_memory_allocated_bytes")
-        r["max_reserved"] = real.get("cuda_max_memory_reserved_bytes")
+        r["tracker_on_device"] = real.peak_bytes
+        r["real_peak_phase"] = max(real.phases, key=lambda p: p.peak_bytes).name
+        r["real_attention"] = real.attention_kernel
+        r["max_allocated"] = real.cuda_max_memory_allocated_bytes
+        r["max_reserved"] = real.cuda_max_memory_reserved_bytes
         del real
         gc.collect()
         if device == "cuda":

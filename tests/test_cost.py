@@ -177,7 +177,7 @@ def test_flops_per_token_follow_palm_appendix_b():
     from tunepilot.cost.mfu import estimate
 
     mfu = estimate("transformers", "h200-sxm-141gb", "lora", "none", False).mfu
-    one = q.throughput["per_card"]
+    one = q.throughput.per_card
     assert one.basis == PROJECTED and "MFU" in one.how and "PaLM" in one.how
     assert one.value == pytest.approx(mfu * 989.4e12 / flops, rel=1e-9)
     assert term(q, "training").total.value == pytest.approx(1e9 / one.value)
@@ -199,7 +199,7 @@ def test_quote_margins_and_cost_per_million_tokens():
     q = quote(LORA_8B, card_id="h200", count=1, term_s=72 * H)
     assert q.finishes_in_term and q.margin_s == pytest.approx(72 * H - q.job_s.value)
     assert q.cost_per_million_term_usd == (Decimal(q.term.total_cents) / 100 / 1000).quantize(
-        Decimal("0.0001"))
+        Decimal("1e-10"))
     # the shortest covering term: job x (1 + margin) rounded up to whole billed hours
     need = q.job_s.value * (1 + cost_model()["safety_margin"]["value"])
     assert q.shortest_term.term_s == math.ceil(need / H) * H
@@ -260,8 +260,8 @@ def test_measured_figures_apply_on_the_card_they_were_measured_on(tmp_path):
     run = write_run_dir(tmp_path / "run", TINY, "h100-sxm-80gb",
                         export={"bytes": 4e8, "seconds": 2.0, "bytes_per_s": 2e8})
     q = quote(TINY, card_id="h100", count=1, term_s=H, run_dir=run)
-    assert q.throughput["per_card"].basis == MEASURED
-    assert q.throughput["per_card"].value == 50_000
+    assert q.throughput.per_card.basis == MEASURED
+    assert q.throughput.per_card.value == 50_000
     assert term(q, "training").total.value == pytest.approx(1e7 / 50_000)
     assert term(q, "set-up").each.value == 120 and term(q, "set-up").each.basis == MEASURED
     assert term(q, "validation").each.value == 0.05
@@ -278,7 +278,7 @@ def test_another_card_is_projected_by_the_flops_and_bandwidth_ratios(tmp_path):
     f = cost_model()["compute_bound_fraction"]["value"]
     # step time on the A100 / on the H100; the tiny spec trains in fp32 (non-tensor peaks)
     ratio = f * 67 / 19.5 + (1 - f) * 3.35 / 2.039
-    one = q.throughput["per_card"]
+    one = q.throughput.per_card
     assert one.basis == PROJECTED and one.value == pytest.approx(50_000 / ratio)
     setup = term(q, "set-up").each
     assert setup.basis == PROJECTED and setup.value == 120 and "carried over" in setup.how
@@ -290,21 +290,25 @@ def test_scale_json_gives_measured_multi_card_throughput(tmp_path):
     run = write_run_dir(tmp_path / "run", TINY, "h100-sxm-80gb", scale={"strategies": {
         "ddp": {"nproc": 2, "efficiency": 0.9, "useful_tokens_per_s": 90_000.0}}})
     two = quote(TINY, card_id="h100", count=2, term_s=H, run_dir=run)
-    assert two.throughput["total"].basis == MEASURED and two.throughput["total"].value == 90_000
+    assert two.throughput.total.basis == MEASURED and two.throughput.total.value == 90_000
     four = quote(TINY, card_id="h100", count=4, term_s=H, run_dir=run)
-    assert four.throughput["efficiency"].basis == PROJECTED
-    assert four.throughput["total"].value == pytest.approx(4 * 0.9 * 50_000)
+    assert four.throughput.efficiency.basis == PROJECTED
+    assert four.throughput.total.value == pytest.approx(4 * 0.9 * 50_000)
     eight = quote(TINY, card_id="h200", count=8, term_s=H)  # nothing measured: assumed
     assumed = cost_model()["scaling_efficiency_assumed"]["ddp"][8]
-    assert eight.throughput["efficiency"].value == assumed
+    assert eight.throughput.efficiency.value == assumed
 
 
 def test_a_cpu_pilot_carries_its_machine_timings_but_not_its_throughput(tmp_path):
+    """Disk-bound timings carry over from a CPU pilot; its throughput does not (no catalog peak
+    to scale by), nor its set-up: imports and tokenising on a shared, often loaded, CPU say
+    nothing of a rented card's host (issue 26: 120 s of a loaded CPU were carried over)."""
     run = write_run_dir(tmp_path / "run", TINY, None)
     q = quote(TINY, card_id="h100", count=1, term_s=H, run_dir=run)
-    assert q.throughput["per_card"].basis == PROJECTED and "MFU" in q.throughput["per_card"].how
+    assert q.throughput.per_card.basis == PROJECTED and "MFU" in q.throughput.per_card.how
     setup = term(q, "set-up").each
-    assert setup.value == 120 and setup.basis == PROJECTED and "measured on cpu" in setup.how
+    assert setup.value == cost_model()["process_setup_s"]["value"] and setup.basis == PROJECTED
+    assert "not carried" in setup.how
     assert term(q, "model load").each.value == 2
     assert "forward only" in term(q, "validation").each.how  # compute-bound: not carried from a CPU
     assert term(q, "checkpoint writes").each.value == 0.1
@@ -345,8 +349,8 @@ def test_the_throughput_model_is_per_implementation_card_and_setting_with_source
     from tunepilot.cost.mfu import estimate, throughput_model
 
     tm = throughput_model()
-    assert all(r["source"] and r["kind"] in ("published", "derived", "assumed")
-               for r in tm["measurements"])
+    assert all(r.source and r.kind in ("published", "derived", "assumed")
+               for r in tm.measurements)
     h100 = estimate("transformers", "h100-sxm-80gb", "full", "none", False)
     mi300x = estimate("transformers", "mi300x-192gb", "full", "none", False)
     assert mi300x.mfu < h100.mfu and mi300x.basis_kind == "assumed"  # not one MFU for all
@@ -358,7 +362,7 @@ def test_the_throughput_model_is_per_implementation_card_and_setting_with_source
     assert estimate("torchtitan", "a100-sxm-80gb", "lora", "none", False).mfu < titan.mfu
     q = quote(LORA_8B.with_changes(model={"preset": "llama-3-8b", "implementation": "megatron"}),
               card_id="h100", count=1, term_s=72 * H)
-    how = q.throughput["per_card"].how
+    how = q.throughput.per_card.how
     assert "megatron" in how and "Megatron-LM README" in how
 
 
@@ -380,3 +384,13 @@ def test_every_shipped_example_fits_the_count_it_names_on_some_card():
         spec = load_spec(path)
         plan = make_plan(spec, base_dir=path.parent)
         assert any(c.fits for c in plan.cards), path.name
+
+
+def test_cost_per_million_is_rounded_once_for_display():
+    """$6.544999 per million was shown as $6.55 (rounded to 1/100 cent, then to cents)."""
+    from tunepilot.cost.quote import _cost_per_million
+    from tunepilot.units import fmt_usd
+
+    exact = _cost_per_million(6544999, 1e10)  # $65,449.99 for 10 billion useful tokens
+    assert exact == Decimal("6.544999")
+    assert fmt_usd(exact) == "$6.54"

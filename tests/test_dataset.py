@@ -135,7 +135,7 @@ def test_the_quote_trains_epochs_times_the_supervised_tokens(tmp_path):
     q = quote(spec, card_id="h100", count=1, term_s=None)
     assert q.target_useful_tokens == 2 * p.tokens_supervised.value
     assert q.optimizer_steps == 2 * p.padded.steps_per_epoch
-    assert q.throughput["useful_fraction"].value == pytest.approx(p.padded.useful_fraction.value)
+    assert q.throughput.useful_fraction.value == pytest.approx(p.padded.useful_fraction.value)
     assert q.padding["padding_fraction"]["value"] == pytest.approx(
         p.padded.padding_fraction.value)
     assert q.padding["packing_would_cut_positions_by"]["value"] > 0

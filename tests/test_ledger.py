@@ -169,14 +169,18 @@ def test_booking_a_saved_quote_uses_its_prices(tmp_path):
 
     db = tmp_path / "q.sqlite3"
     spec = load_spec("examples/tiny.yaml")
-    q = quote(spec, card_id="h200", count=2, term_s=5 * H, options=["support=1"]).to_dict()
+    q = quote(spec, card_id="h200", count=2, term_s=5 * H, options=["support=1"])
     qid = L.save_quote(db, q, NOW)
     b = L.book(CAT, db=db, card_id=None, count=None, start="2030-01-02T00:00Z", quote_id=qid,
                now=NOW)
     assert (b.card_id, b.count, b.hours, b.quote_id) == ("h200-sxm-141gb", 2, "5", qid)
-    assert b.total_cents == q["term"]["total_cents"]
+    assert b.total_cents == q.term.total_cents
     with pytest.raises(UserError, match="not count 3"):
         L.book(CAT, db=db, card_id="h200", count=3, start="now", quote_id=qid, now=NOW)
+    from tunepilot.ledger.db import Ledger
+
+    with Ledger.open(db) as ledger:  # the ledger stores and loads the typed Quote
+        assert ledger.get_quote(qid) == q
     with pytest.raises(UserError, match="no quote 'q-nope'"):
         L.book(CAT, db=db, card_id=None, count=None, start="now", quote_id="q-nope", now=NOW)
 

@@ -48,10 +48,11 @@ def test_the_quote_uses_the_pilots_measured_timings(tiny_run):
     _, out, result, _ = tiny_run
     pilot = json.loads((out / "pilot.json").read_text())
     terms = {t.name: t for t in result.quote.time_terms}
-    # a CPU pilot: its machine-bound timings are carried to the card (marked projected there)
+    # a CPU pilot: its machine-bound timings are carried to the card (marked projected there),
+    # except its set-up (a shared CPU's imports and tokenising say nothing of a rented host)
     assert terms["model load"].each.value == pytest.approx(
         pilot["timings"]["model_load_s"]["value"])
-    assert terms["set-up"].each.value == pytest.approx(pilot["timings"]["setup_s"]["value"])
+    assert "not carried" in terms["set-up"].each.how
     restore = json.loads((out / "restore.json").read_text())
     assert restore["passed"] and result.quote.run_dir is not None
 

@@ -72,5 +72,5 @@ def test_mixtral_and_llama_2_13b_are_quoted_at_similar_throughput():
     the MoE model was quoted at 0.30x)."""
     moe = quote(_spec("mixtral-8x7b"), card_id=CARD, count=COUNT, term_s=None, catalog=CAT)
     dense = quote(_spec("llama-2-13b"), card_id=CARD, count=COUNT, term_s=None, catalog=CAT)
-    ratio = moe.throughput["per_card"].value / dense.throughput["per_card"].value
+    ratio = moe.throughput.per_card.value / dense.throughput.per_card.value
     assert 0.75 <= ratio <= 1.25, ratio

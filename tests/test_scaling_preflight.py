@@ -296,13 +296,15 @@ def test_torchrun_command_passes_rendezvous_through(tmp_path):
 
 
 def _record(rank: int, world: int, strategy: str, wall: float, samples, losses, mem=100):
-    steps = [{"step": i, "measured": i > 0, "wall_s": wall, "useful_tokens": 100 // world,
-              "loss_global": losses[i], "samples": samples[i], "comm_inflight_s": None,
-              "comm_exposed_s": None} for i in range(len(losses))]
-    return {"rank": rank, "host": "h", "pid": 1, "device": "cpu", "threads": 1,
-            "params_local": 10, "strategy": strategy, "backend": "gloo",
-            "micro_batch_size": 2, "accumulation": 2 // world, "comm_measure": "-",
-            "memory": {"peak_bytes": {"value": mem}}, "steps": steps}
+    from tunepilot.scaling.messages import RankRecord, RankStep
+
+    steps = [RankStep(step=i, measured=i > 0, wall_s=wall, useful_tokens=100 // world,
+                      padded_tokens=100 // world, loss_local=losses[i], loss_global=losses[i],
+                      data_wait_s=0.0, samples=samples[i]) for i in range(len(losses))]
+    return RankRecord(rank=rank, host="h", pid=1, device="cpu", threads=1, params_local=10,
+                      strategy=strategy, backend="gloo", micro_batch_size=2,
+                      accumulation=2 // world, comm_measure="-",
+                      memory={"peak_bytes": {"value": mem}}, steps=steps)
 
 
 def test_compare_and_recommend_on_made_up_records():

@@ -110,11 +110,11 @@ def test_cuda_autocast_rules_run_its_float32_ops_in_float32_on_the_cpu():
 def test_fake_trace_peak_equals_the_real_cpu_step(over):
     spec = tiny(**over)
     fake, real = traced(spec, fake=True), traced(spec, fake=False)
-    assert fake["traced_on"].startswith("fake") and real["traced_on"].startswith("real")
-    assert fake["peak_bytes"] == real["peak_bytes"] > 0  # byte-exact, 512-byte blocks
-    assert fake["peak_bytes"] % CUDA_BLOCK_BYTES == 0
-    assert abs(fake["peak_raw_bytes"] - real["peak_raw_bytes"]) <= CUDA_BLOCK_BYTES
-    assert [p["peak_bytes"] for p in fake["phases"]] == [p["peak_bytes"] for p in real["phases"]]
+    assert fake.traced_on.startswith("fake") and real.traced_on.startswith("real")
+    assert fake.peak_bytes == real.peak_bytes > 0  # byte-exact, 512-byte blocks
+    assert fake.peak_bytes % CUDA_BLOCK_BYTES == 0
+    assert abs(fake.peak_raw_bytes - real.peak_raw_bytes) <= CUDA_BLOCK_BYTES
+    assert [p.peak_bytes for p in fake.phases] == [p.peak_bytes for p in real.phases]
 
 
 # ------------------------------------------------------------------------------ every method
@@ -148,9 +148,9 @@ def test_every_method_traces_with_a_consistent_breakdown(over, expect):
 
 def test_accumulation_micro_batches_do_not_raise_the_peak():
     raw = traced(tiny(method={"kind": "full"}, gradient_accumulation_steps=4))
-    first, second, third = raw["micro_batch_peaks_bytes"]
+    first, second, third = raw.micro_batch_peaks_bytes
     assert second > first  # the gradients of micro-batch 1 are alive through micro-batch 2
-    assert raw["accumulation_peak_stable"] and third - second <= CUDA_BLOCK_BYTES
+    assert raw.accumulation_peak_stable and third - second <= CUDA_BLOCK_BYTES
 
 
 def test_ddp_adds_buckets_and_fsdp_shards_per_rank():
@@ -173,7 +173,7 @@ def test_fsdp_accumulation_keeps_gradients_sharded():
     raw = traced(spec)
     plan = plan_of(spec, raw)
     grads = {p.name: p.gradients_bytes for p in plan.phases}
-    full = max(p["gradients_bytes"] for p in raw["phases"])
+    full = max(p.gradients_bytes for p in raw.phases)
     assert grads["micro 2 forward"] < full / 3
     assert grads["optimizer-step"] < full / 3
 
@@ -351,11 +351,11 @@ def test_a_python_gelu_saves_more_in_transformers_than_the_fused_gelu_other_code
         spec = tiny(model={"config": str(tmp_path / "phi.json"), "implementation": impl},
                     method={"kind": "full"}, precision="bf16-true")
         raw = traced(spec)
-        fwd = next(p for p in raw["phases"] if p["name"] == "forward")["activations_bytes"]
+        fwd = next(p for p in raw.phases if p.name == "forward").activations_bytes
         arch = resolve_arch(spec)
         a = next(ph for ph in analytic_plan(spec, arch, "cuda").phases
                  if ph.name == "forward-end").activations_bytes
-        plans[impl] = (fwd, a, raw["notes"])
+        plans[impl] = (fwd, a, raw.notes)
     tokens = 4 * 128
     extra = 3 * 2 * 256 * tokens * 2  # 3 intermediate-sized bf16 tensors x 2 layers
     traced_diff = plans["transformers"][0] - plans["torchtune"][0]

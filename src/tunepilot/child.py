@@ -23,9 +23,13 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from tunepilot.errors import TunepilotError, UserError
+
+M = TypeVar("M", bound=BaseModel)
 
 HOOK_ENV = "TUNEPILOT_CHILD_HOOK"
 STDERR_TAIL_LINES = 5
@@ -191,21 +195,50 @@ def child_main(handler: Callable[[dict], dict], argv: list[str] | None = None) -
     return 0
 
 
-def read_job(argv: list[str] | None = None) -> dict:
+def read_job(argv: list[str] | None = None, model: type[M] | None = None):
     """The job of a per-rank entry point started by torchrun (``python -m MODULE JOB.json``):
-    ranks write their own result files (OUT/rank{R}.json), so there is no RESULT argument."""
+    ranks write their own result files (OUT/rank{R}.json), so there is no RESULT argument. With
+    ``model`` the job is validated into it (read_message)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         sys.stderr.write("usage: python -m MODULE JOB.json (started by tunepilot under torchrun)\n")
         raise SystemExit(2)
+    if model is not None:
+        return read_message(model, Path(argv[0]))
     return json.loads(Path(argv[0]).read_text())
 
 
-def write_job(path: Path, job: dict) -> Path:
-    """Write a job file for a child or a torchrun launch; its path."""
+def write_job(path: Path, job: dict | BaseModel) -> Path:
+    """Write a job file for a child or a torchrun launch (a message model, or a dict for the
+    children that take one); its path."""
+    if isinstance(job, BaseModel):
+        return write_message(path, job)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(job, indent=1, default=str))
     return path
+
+
+def write_message(path: Path, message: BaseModel) -> Path:
+    """A typed message that crosses a process boundary, as JSON (the one writer): written whole
+    or not at all (a temporary file renamed over it), so a reader never sees half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(message.model_dump_json(indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def read_message(model: type[M], path: Path) -> M:
+    """A typed message read back and validated once (the one reader): a file another version
+    of tunepilot wrote, or a damaged one, is a TunepilotError naming the file."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError, ValueError) as exc:
+        first = str(exc).splitlines()[0][:300]
+        raise TunepilotError(f"{path} is not a {model.__name__} this version of tunepilot can "
+                             f"read ({first})") from None
 
 
 def describe(exc: BaseException) -> str:

@@ -244,9 +244,15 @@ def _probe_cpu(torch) -> DeviceInfo:
     info.notes.append("no GPU in use: this pilot ran on the CPU. Its times and memory are this "
                       "CPU's, not a rented card's; the GPU-only figures (allocator, device-wide "
                       "memory, MFU) are marked unavailable")
-    if not native_bf16:
-        info.notes.append("bf16 on this CPU is emulated (no AVX512-BF16/AMX): bf16 steps are slow")
     return info
+
+
+def emulated_bf16_note(info: DeviceInfo, precision: str) -> str | None:
+    """A CPU without native bf16 (AVX512-BF16/AMX) runs a bf16 spec's steps emulated: said only
+    when the run computes in bf16."""
+    if info.kind != "cpu" or not precision.startswith("bf16") or info.cpu.get("native_bf16"):
+        return None
+    return "bf16 on this CPU is emulated (no AVX512-BF16/AMX): bf16 steps are slow"
 
 
 def _cpu_model_name() -> str:

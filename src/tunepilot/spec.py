@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from tunepilot.errors import SpecError, did_you_mean
+from tunepilot.errors import SpecError, UserError, did_you_mean
 from tunepilot.kernels import KernelSpec
 from tunepilot.objective import ObjectiveSpec
 from tunepilot.yaml_input import read_yaml_mapping
@@ -265,30 +266,46 @@ class CheckpointSpec(_Strict):
 
 
 class TargetSpec(_Strict):
-    """How much training the term must deliver: useful tokens, or epochs over a dataset (its
-    supervised tokens come from `tunepilot data`'s profile, or dataset_tokens)."""
+    """How much training the term must deliver: useful tokens, epochs over a dataset (its
+    supervised tokens come from `tunepilot data`'s profile, or dataset_tokens), or a number of
+    optimizer steps (a trainer's max_steps)."""
 
     tokens: float | None = Field(default=None, gt=0, le=1e18, allow_inf_nan=False)
     epochs: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
     dataset_tokens: float | None = Field(default=None, gt=0, le=1e18, allow_inf_nan=False)
+    steps: int | None = Field(default=None, gt=0, le=10**12)
+    """optimizer steps (HF's max_steps): the useful tokens are steps x tokens per step x the
+    useful fraction"""
 
     @model_validator(mode="after")
     def _one_target(self) -> TargetSpec:
-        if self.tokens is None and self.epochs is None:
+        given = [k for k in ("tokens", "epochs", "steps") if getattr(self, k) is not None]
+        if not given:
             object.__setattr__(self, "tokens", 1.0e9)
-        if self.tokens is not None and self.epochs is not None:
-            raise ValueError("sets both 'tokens' and 'epochs'; give one")
+        if len(given) > 1:
+            raise ValueError(f"sets {' and '.join(repr(k) for k in given)}; give one")
         return self
 
     @property
     def useful_tokens(self) -> float | None:
         """The target in useful tokens, when the spec alone says it (None: epochs of a dataset
-        whose profile says how many supervised tokens an epoch holds)."""
+        whose profile says how many supervised tokens an epoch holds, or a number of steps)."""
         if self.tokens is not None:
             return self.tokens
-        if self.dataset_tokens is not None:
+        if self.epochs is not None and self.dataset_tokens is not None:
             return self.epochs * self.dataset_tokens
         return None
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    """The global batch on W ranks: W x micro_batch_size x accumulation = global_samples."""
+
+    global_samples: int
+    world_size: int
+    micro_batch_size: int
+    accumulation: int
+    note: str | None = None
 
 
 class RunSpec(_Strict):
@@ -419,10 +436,40 @@ class RunSpec(_Strict):
         return self.tokens_per_micro_batch * self.gradient_accumulation_steps * \
             self.parallel.world_size
 
+    def batch_on(self, world_size: int, *, exact: bool = True) -> BatchSplit:
+        """The global-batch rule across card counts, for the scaling test and the quote alike:
+        the spec's global batch G (micro_batch_size x accumulation x parallel.world_size) is
+        held fixed on ``world_size`` ranks, each rank taking G / W samples as micro-batch m
+        (the spec's, or the largest divisor of G / W under it) x accumulation a. A G that W
+        does not divide is refused (``exact``: the scaling test) or rounded up to whole
+        micro-batches per rank, said in the note (the quote)."""
+        g, m0 = self.global_batch_samples, self.micro_batch_size
+        if g % world_size == 0:
+            per_rank = g // world_size
+            micro = max(m for m in range(1, min(m0, per_rank) + 1) if per_rank % m == 0)
+            note = None if micro == m0 else (
+                f"micro-batch per rank is {micro}, not the spec's {m0}: {world_size} ranks hold "
+                f"{g} samples as {per_rank} each")
+            return BatchSplit(g, world_size, micro, per_rank // micro, note)
+        if exact:
+            raise UserError("--nproc", f"the spec's global batch of {g} samples (micro_batch_size "
+                            f"{m0} x gradient_accumulation_steps "
+                            f"{self.gradient_accumulation_steps} x {self.parallel.world_size} "
+                            f"device(s)) cannot be split evenly over {world_size} ranks, so the "
+                            "global batch could not be held equal.",
+                            f"Use a rank count that divides {g}, or set "
+                            f"gradient_accumulation_steps to a multiple of {world_size}.")
+        accumulation = -(-g // (m0 * world_size))
+        grown = m0 * accumulation * world_size
+        return BatchSplit(grown, world_size, m0, accumulation,
+                          f"{world_size} cards do not divide the global batch of {g} samples: "
+                          f"each takes {accumulation} micro-batches of {m0}, {grown} samples per "
+                          "step")
+
     def tokens_per_step_on(self, world_size: int) -> int:
-        """Token positions per optimizer step when the run is spread over ``world_size`` ranks
-        at the spec's micro-batch and accumulation (as a quote for N cards assumes)."""
-        return self.tokens_per_micro_batch * self.gradient_accumulation_steps * world_size
+        """Token positions per optimizer step over ``world_size`` ranks by the global-batch rule
+        (batch_on): the spec's global batch whatever the card count."""
+        return self.batch_on(world_size, exact=False).global_samples * self.sequence_length
 
     @property
     def label(self) -> str:

@@ -54,7 +54,7 @@ def quote(
                         run_dir=from_dir, catalog=cat, base_dir=spec.parent)
     body = result.to_dict()
     if save:
-        body["quote_id"] = ledger.save_quote(db, body)
+        body["quote_id"] = ledger.save_quote(db, result)
     if as_json:
         emit_json(body)
         return

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from tunepilot.catalog import Card
 from tunepilot.cost.assumptions import efficiency_assumed
@@ -22,13 +24,59 @@ from tunepilot.results.figure import Figure
 
 FAMILIES = ("a100", "h100", "h200", "mi300x")
 MFU_CEILING = 0.70  # no published dense BF16 training MFU above about 0.7 (a transfer chain's cap)
+Kind = Literal["published", "derived", "assumed"]
+
+
+class _Read(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RowAt(_Read):
+    """The settings a published row was measured at."""
+
+    model: str
+    sequence_length: int
+    count: int = 1
+    strategy: str = "single"
+    activation_checkpointing: str = "none"
+    torch_compile: bool = False
+
+
+class MeasuredRow(_Read):
+    implementation: str
+    card_family: str
+    kind: Kind
+    mfu: float = Field(gt=0, lt=1)
+    at: RowAt
+    source: str
+    as_of: str
+
+
+class Factor(_Read):
+    factor: float = Field(gt=0)
+    kind: Kind | None = None
+    source: str | None = None
+
+
+class ThroughputModel(_Read):
+    """resources/throughput_model.yaml, validated once when first read."""
+
+    schema_version: int
+    as_of: str
+    measurements: list[MeasuredRow]
+    family_transfer: dict[str, Factor]
+    checkpointing: dict[str, Factor]
+    torch_compile: Factor
+    method: dict[str, Factor]
+    default_implementation: str
 
 
 @cache
-def throughput_model() -> dict:
+def throughput_model() -> ThroughputModel:
     from tunepilot.resources import THROUGHPUT_MODEL_YAML
 
-    return yaml.safe_load(THROUGHPUT_MODEL_YAML.read_text(encoding="utf-8"))
+    return ThroughputModel.model_validate(
+        yaml.safe_load(THROUGHPUT_MODEL_YAML.read_text(encoding="utf-8")))
 
 
 def card_family(card_id: str) -> str:
@@ -42,7 +90,7 @@ def card_family(card_id: str) -> str:
 class MfuEstimate:
     mfu: float
     base: float
-    row: dict
+    row: MeasuredRow
     factors: dict[str, float]
     kinds: list[str]  # published / derived / assumed of every number used
     transfer: str | None
@@ -62,31 +110,31 @@ def _scaling(strategy: str, count: int) -> float:
     return efficiency_assumed("fsdp" if strategy == "fsdp" else "ddp", count)
 
 
-def _row_base(row: dict, tm: dict) -> float:
-    at = row["at"]
-    ac = tm["checkpointing"][at.get("activation_checkpointing", "none")]["factor"]
-    comp = tm["torch_compile"]["factor"] if at.get("torch_compile") else 1.0
-    return row["mfu"] / (_scaling(at.get("strategy", "single"), int(at.get("count", 1)))
-                         * ac * comp)
+def _row_base(row: MeasuredRow, tm: ThroughputModel) -> float:
+    at = row.at
+    ac = tm.checkpointing[at.activation_checkpointing].factor
+    comp = tm.torch_compile.factor if at.torch_compile else 1.0
+    return row.mfu / (_scaling(at.strategy, at.count) * ac * comp)
 
 
-def _find(impl: str, family: str, tm: dict) -> tuple[dict | None, float, str | None, list[str]]:
-    rows = tm["measurements"]
-    exact = [r for r in rows if r["implementation"] == impl and r["card_family"] == family]
+def _find(impl: str, family: str, tm: ThroughputModel
+          ) -> tuple[MeasuredRow | None, float, str | None, list[str]]:
+    rows = tm.measurements
+    exact = [r for r in rows if r.implementation == impl and r.card_family == family]
     if exact:
-        return exact[0], 1.0, None, [exact[0]["kind"]]
-    for r in (r for r in rows if r["implementation"] == impl):
-        key = f"{family}_from_{r['card_family']}"
-        t = tm["family_transfer"].get(key)
-        if t is None and family == "mi300x" and r["card_family"] == "a100":
-            a = tm["family_transfer"]["h100_from_a100"]
-            m = tm["family_transfer"]["mi300x_from_h100"]
-            return r, a["factor"] * m["factor"], "mi300x_from_h100 x h100_from_a100", \
-                [r["kind"], a["kind"], m["kind"]]
-        if t is None and family == "mi300x" and r["card_family"] == "h100":
-            t = tm["family_transfer"]["mi300x_from_h100"]
+        return exact[0], 1.0, None, [exact[0].kind]
+    transfer = tm.family_transfer
+    for r in (r for r in rows if r.implementation == impl):
+        key = f"{family}_from_{r.card_family}"
+        t = transfer.get(key)
+        if t is None and family == "mi300x" and r.card_family == "a100":
+            a, m = transfer["h100_from_a100"], transfer["mi300x_from_h100"]
+            return r, a.factor * m.factor, "mi300x_from_h100 x h100_from_a100", \
+                [r.kind, a.kind, m.kind]
+        if t is None and family == "mi300x" and r.card_family == "h100":
+            t = transfer["mi300x_from_h100"]
         if t is not None:
-            return r, t["factor"], key, [r["kind"], t["kind"]]
+            return r, t.factor, key, [r.kind, t.kind]
     return None, 1.0, None, []
 
 
@@ -96,22 +144,49 @@ def estimate(implementation: str, card_id: str, method: str, activation_checkpoi
     family = card_family(card_id)
     row, transfer, how, kinds = _find(implementation, family, tm)
     if row is None:
-        row, transfer, how, kinds = _find(tm["default_implementation"], family, tm)
+        row, transfer, how, kinds = _find(tm.default_implementation, family, tm)
         kinds = kinds + ["assumed"]
         how = (how + "; " if how else "") + \
-            f"no {implementation} row: {tm['default_implementation']}'s"
-    ac = tm["checkpointing"].get(activation_checkpointing, tm["checkpointing"]["full"])
-    comp = tm["torch_compile"]["factor"] if torch_compile else 1.0
-    m = tm["method"][method]
+            f"no {implementation} row: {tm.default_implementation}'s"
+    ac = tm.checkpointing.get(activation_checkpointing, tm.checkpointing["full"])
+    comp = tm.torch_compile.factor if torch_compile else 1.0
+    m = tm.method[method]
     base = _row_base(row, tm) * transfer
-    factors = {"checkpointing": ac["factor"], "torch_compile": comp, "method": m["factor"]}
-    for f in (ac, m):
-        if f.get("kind"):
-            kinds.append(f["kind"])
+    factors = {"checkpointing": ac.factor, "torch_compile": comp, "method": m.factor}
+    kinds += [f.kind for f in (ac, m) if f.kind]
     if torch_compile:
-        kinds.append(tm["torch_compile"]["kind"])
-    mfu = min(base * ac["factor"] * comp * m["factor"], MFU_CEILING)
+        kinds.append(tm.torch_compile.kind)
+    mfu = min(base * ac.factor * comp * m.factor, MFU_CEILING)
     return MfuEstimate(mfu, base, row, factors, kinds, how)
+
+
+@dataclass(frozen=True)
+class LeverFactor:
+    """A lever the pilot ran without (it measures the plain step) and what it does to speed."""
+
+    lever: str
+    factor: float
+    kind: str
+    source: str
+
+
+def pilot_lever_factors(spec) -> list[LeverFactor]:
+    """The speed factors of the spec's levers that tunepilot's pilot turns off (pilot/prepare.py
+    without_modelled_levers): a quote that starts from a pilot's measured throughput multiplies
+    by them, and says so. Levers with no published speed effect count 1.0, said too."""
+    tm = throughput_model()
+    out = []
+    if spec.torch_compile:
+        c = tm.torch_compile
+        out.append(LeverFactor("torch_compile", c.factor, c.kind or "assumed", c.source or ""))
+    if spec.optimizer_in_backward:
+        out.append(LeverFactor("optimizer_in_backward", 1.0, "assumed",
+                               "the same FLOPs, stepped earlier: no speed effect counted"))
+    if spec.activation_offloading:
+        out.append(LeverFactor("activation_offloading", 1.0, "assumed",
+                               "copies overlap compute in torchtune's implementation: no speed "
+                               "effect counted"))
+    return out
 
 
 def mfu_for(spec, card: Card, arch=None) -> Figure:
@@ -121,16 +196,16 @@ def mfu_for(spec, card: Card, arch=None) -> Figure:
 
     e = estimate(spec.model.implementation, card.id, spec.method.kind,
                  spec.activation_checkpointing, spec.torch_compile)
-    at = e.row["at"]
+    at = e.row.at
     size = f"{param_counts(arch).total / 1e9:.1f}B" if arch is not None else "this model"
     distance = (f"this run: {size} at {spec.sequence_length} tokens on {card.id}; the "
-                f"measurement: {at['model']} at {at['sequence_length']} tokens on "
-                f"{at['count']} x {e.row['card_family']}")
-    how = (f"{e.basis_kind}: {e.row['implementation']} on {e.row['card_family']} "
-           f"{e.row['mfu']:.3g} MFU ({e.row['source'].split(':')[0].strip()}) -> one card "
+                f"measurement: {at.model} at {at.sequence_length} tokens on "
+                f"{at.count} x {e.row.card_family}")
+    how = (f"{e.basis_kind}: {e.row.implementation} on {e.row.card_family} "
+           f"{e.row.mfu:.3g} MFU ({e.row.source.split(':')[0].strip()}) -> one card "
            f"{e.base:.3g}" + (f" via {e.transfer}" if e.transfer else "")
            + f" x checkpointing {e.factors['checkpointing']:g} x compile "
              f"{e.factors['torch_compile']:g} x {spec.method.kind} {e.factors['method']:g}")
-    return Figure.projected(e.mfu, "fraction", how, rests_on=e.row["source"],
+    return Figure.projected(e.mfu, "fraction", how, rests_on=e.row.source,
                             distance=distance, kind=e.basis_kind, counted="MFU (model FLOPs; "
                             "recompute not counted)")

@@ -30,17 +30,24 @@ from tunepilot.cost.measurements import RunMeasurements, measured_value, read_ru
 from tunepilot.cost.terms import check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
 from tunepilot.errors import UserError
-from tunepilot.model.flops import DTYPE_BYTES, FlopsPerToken, flops_per_token, optimizer_state_bytes
+from tunepilot.model.flops import DTYPE_BYTES, FlopsPerToken, checkpoint_bytes, flops_per_token
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
 from tunepilot.results.plan import CardFit, ParamSplit
-from tunepilot.results.quote import Comparison, Quote, Refusal, TimeTerm
+from tunepilot.results.quote import (
+    BatchOnCards,
+    Comparison,
+    Quote,
+    QuoteThroughput,
+    Refusal,
+    TimeTerm,
+)
 from tunepilot.spec import RunSpec
 from tunepilot.units import fmt_bytes
 
 __all__ = ["MEASURED", "PROJECTED", "compare", "quote"]
 COMPARE_COUNTS = (1, 2, 4, 8)
 SOURCE_CHECKPOINT_BYTES_PER_PARAM = 2  # 16-bit weights, as Hugging Face ships Llama-class models
-_USD_PER_M = Decimal("0.0001")  # cost per million useful tokens is shown to 1/100 of a cent
+_USD_PER_M = Decimal("1e-10")  # cost per million useful tokens: kept fine, rounded once for display
 
 
 @dataclass
@@ -58,27 +65,29 @@ class _Ctx:
 
     @property
     def checkpoint_bytes(self) -> int:
-        """Trainable weights + optimizer state (the one table, model/flops.py)."""
-        full = 2 if self.spec.precision == "bf16-true" and not self.spec.method.is_lora else 4
-        weights = self.params.trainable * full
-        return int(weights + optimizer_state_bytes(self.arch, self.spec, self.params.trainable))
+        """Trainable weights in their dtype + optimizer state (model/flops.py, the plan's rule)."""
+        return checkpoint_bytes(self.arch, self.spec, self.params.trainable)
 
-    @property
-    def target_tokens(self) -> float:
-        """Useful tokens the term must deliver: the spec's tokens, or epochs x the supervised
-        tokens of one epoch (the dataset's profile, else target.dataset_tokens)."""
-        target = self.spec.target
-        if target.epochs is not None and self.profile is not None:
-            return target.epochs * self.profile.tokens_supervised.value
-        return target.useful_tokens
+    def target(self, count: int, useful: Figure) -> tuple[float, int]:
+        """(useful tokens the term must deliver, optimizer steps) on ``count`` cards: the
+        spec's tokens; epochs x the supervised tokens of one epoch (the dataset's profile, else
+        target.dataset_tokens); or target.steps x the tokens of a step x the useful fraction."""
+        t = self.spec.target
+        per_step = self.spec.tokens_per_step_on(count) * useful.value
+        if t.steps is not None:
+            return t.steps * per_step, t.steps
+        tokens = (t.epochs * self.profile.tokens_supervised.value
+                  if t.epochs is not None and self.profile is not None else t.useful_tokens)
+        return tokens, self.epoch_steps(count) or math.ceil(tokens / per_step)
 
     def epoch_steps(self, count: int) -> int | None:
-        """Optimizer steps of the spec's epochs on ``count`` ranks (from the profile)."""
+        """Optimizer steps of the spec's epochs on ``count`` ranks (from the profile), at the
+        global-batch rule (RunSpec.batch_on)."""
         if self.spec.target.epochs is None or self.profile is None:
             return None
-        s = self.spec
-        per = self.profile.used.steps_on(count, s.micro_batch_size, s.gradient_accumulation_steps)
-        return max(1, math.ceil(s.target.epochs * per))
+        b = self.spec.batch_on(count, exact=False)
+        per = self.profile.used.steps_on(count, b.micro_batch_size, b.accumulation)
+        return max(1, math.ceil(self.spec.target.epochs * per))
 
     @property
     def load_bytes(self) -> int:
@@ -138,11 +147,11 @@ def _profile(run_dir: Path | str | None, spec: RunSpec, arch, base_dir: Path | N
 
 
 def _machine(ctx: _Ctx, card: Card, stage: str, fig: Figure | None, unit: str, what: str,
-             where: str) -> Figure | None:
+             where: str, *, from_cpu: bool = True) -> Figure | None:
     """A machine-bound measurement: measured on this card; carried over unchanged (projected)
-    from another card or a device that is not a catalog card (a CPU pilot)."""
+    from another card or (``from_cpu``) a device that is not a catalog card (a CPU pilot)."""
     value = measured_value(fig)
-    if value is None or ctx.run is None:
+    if value is None or ctx.run is None or (ctx.run.card_id is None and not from_cpu):
         return None
     where = f"{stage}.json {where}"
     if ctx.run.card_id == card.id:
@@ -194,10 +203,15 @@ def _fixed_terms(ctx: _Ctx, card: Card, t: _Terms) -> None:
     t.add("provisioning", 1, Figure.projected(
         assumed("provisioning_s"), "s", "assumed (cost_model.yaml provisioning_s): happens on "
         "the rented cluster, no stage measures it"))
+    # a CPU pilot's set-up (imports, tokenising on a shared, often loaded, CPU) says nothing of
+    # a rented card's host: not carried over
+    cpu_setup = ctx.run is not None and ctx.run.card_id is None
     t.add("set-up", 1, _machine(ctx, card, "pilot", pilot and pilot.timings.setup_s, "s",
-                                "set-up", "timings.setup_s")
+                                "set-up", "timings.setup_s", from_cpu=False)
           or Figure.projected(assumed("process_setup_s"), "s",
-                              "assumed (cost_model.yaml process_setup_s)"))
+                              "assumed (cost_model.yaml process_setup_s)"
+                              + ("; the set-up measured on the CPU pilot is not carried to a "
+                                 "rented card" if cpu_setup else "")))
     load = _machine(ctx, card, "pilot", pilot and pilot.timings.model_load_s, "s", "load",
                     "timings.model_load_s")
     if load is not None and ctx.spec.model.weights == "random":
@@ -280,8 +294,7 @@ def _job(ctx: _Ctx, card: Card, count: int, strategy: str):
     one = per_card(ctx, card, useful)
     eff, total = scaled(ctx, card, count, strategy, one)
     tokens_per_step = spec.tokens_per_step_on(count)
-    target = ctx.target_tokens
-    steps = ctx.epoch_steps(count) or math.ceil(target / (tokens_per_step * useful.value))
+    target, steps = ctx.target(count, useful)
     t = _Terms()
     _fixed_terms(ctx, card, t)
     t.add("training", 1, Figure(value=target / total.value, unit="s", basis=total.basis,
@@ -290,11 +303,14 @@ def _job(ctx: _Ctx, card: Card, count: int, strategy: str):
     _checkpoint_terms(ctx, card, t, steps)
     job = Figure(value=sum(x.total.value for x in t.terms), unit="s",
                  basis=all_measured(*(x.total for x in t.terms)), how="sum of the terms")
-    throughput = {"useful_fraction": useful, "per_card": one, "efficiency": eff, "total": total}
-    return throughput, t.terms, job, steps, tokens_per_step
+    throughput = QuoteThroughput(useful_fraction=useful, per_card=one, efficiency=eff,
+                                 total=total)
+    return throughput, t.terms, job, steps, tokens_per_step, target
 
 
 def _cost_per_million(cents: int | Decimal, tokens: float) -> Decimal | None:
+    """Dollars per million useful tokens, kept to 1e-10 so that the display rounds once (to
+    cents, or two significant digits under a dollar): $6.544999 shows as $6.54, not $6.55."""
     if tokens <= 0:
         return None
     usd = Decimal(cents) / 100 * Decimal(10**6) / Decimal(repr(float(tokens)))
@@ -321,9 +337,8 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
     if strategy is None:
         raise UserError("card", _does_not_fit(ctx, card, count) + ".",
                         "Pick a card and count from `tunepilot compare SPEC`.")
-    throughput, terms, job, steps, tps = _job(ctx, card, count, strategy)
+    throughput, terms, job, steps, tps, target = _job(ctx, card, count, strategy)
     term, shortest, n_steps, cheapest = _terms(card, count, job, term_s, options)
-    target = ctx.target_tokens
     fixed = sum(t.total.value for t in terms
                 if t.name in ("provisioning", "set-up", "model load", "export"))
     share = min(1.0, max(0.0, (term.term_s - fixed) / max(job.value - fixed, 1e-9)))
@@ -338,12 +353,18 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
         notes.append(f"the term is {(job.value - term.term_s) / 3600:,.1f} h short: it delivers "
                      f"{share:.0%} of the target")
     notes += _spot_note(card, count, term.term_s)
+    split = ctx.spec.batch_on(count, exact=False)
+    if split.note:
+        notes.append(split.note)
     return Quote(
         spec_label=ctx.spec.label, spec_hash=ctx.spec.spec_hash(), card_id=card.id, count=count,
         strategy=strategy, target_useful_tokens=target, optimizer_steps=steps,
         tokens_per_step=tps, flops_per_token=Figure.projected(
             ctx.flops.train, "FLOP/token", ctx.flops.formula),
         throughput=throughput, time_terms=terms, job_s=job, term=term,
+        batch=BatchOnCards(global_batch_samples=split.global_samples,
+                           micro_batch_size=split.micro_batch_size,
+                           accumulation_per_rank=split.accumulation, note=split.note),
         finishes_in_term=term.term_s >= job.value, margin_s=term.term_s - job.value,
         margin_fraction=(term.term_s - job.value) / job.value,
         useful_tokens_in_term=target * share, shortest_term=shortest,

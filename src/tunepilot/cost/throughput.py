@@ -16,7 +16,7 @@ from __future__ import annotations
 from tunepilot.catalog import Card
 from tunepilot.cost.assumptions import assumed, efficiency_assumed
 from tunepilot.cost.measurements import measured_value
-from tunepilot.model.flops import peak_precision
+from tunepilot.model.flops import MFU_RULE, flops_per_token, peak_precision, positions_per_s_at
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
 from tunepilot.units import fmt_number
 
@@ -37,6 +37,39 @@ def useful_fraction(ctx) -> Figure:
     return Figure.projected(1.0, "fraction", "assumed no padding: the pilot measures it")
 
 
+def processed_length(ctx) -> Figure:
+    """The mean sequence length the card processes (MFU_RULE's length): the pilot's measured
+    batches, else the dataset profile's padded micro-batches, else the spec's (synthetic data:
+    every sample full length)."""
+    pilot = ctx.run.pilot if ctx.run else None
+    seq = measured_value(pilot.throughput.mean_sequence_length) if pilot else None
+    if seq:
+        return Figure.measured(seq, "tokens", "pilot.json throughput.mean_sequence_length")
+    if ctx.profile is not None and ctx.profile.used.mean_padded_length:
+        return Figure.projected(ctx.profile.used.mean_padded_length, "tokens",
+                                "the dataset profile's mean padded micro-batch length")
+    return Figure.projected(float(ctx.spec.sequence_length), "tokens", "the spec's "
+                            "sequence_length (synthetic data: every sample full length)")
+
+
+def _with_levers(ctx, tps: float, how: str, basis: str) -> Figure:
+    """A throughput the pilot measured with the spec's levers off (it runs the plain step),
+    times each lever's speed factor, said per lever: a pilot and a no-pilot quote of the same
+    spec then count the same levers."""
+    from tunepilot.cost.mfu import pilot_lever_factors
+
+    levers = pilot_lever_factors(ctx.spec)
+    if not levers:
+        return Figure(value=tps, unit="tokens/s", basis=basis, how=how)
+    factor = 1.0
+    for lv in levers:
+        factor *= lv.factor
+    said = "; ".join(f"x {lv.factor:g} for {lv.lever} ({lv.kind}: {lv.source})" for lv in levers)
+    return Figure.projected(tps * factor, "tokens/s", f"{how}, measured with the spec's levers "
+                            f"off (the pilot runs the plain step) {said}",
+                            levers={lv.lever: lv.factor for lv in levers})
+
+
 def per_card(ctx, card: Card, useful: Figure) -> Figure:
     """Useful tokens/s of one card of this kind (as if the run fitted on one)."""
     from tunepilot.errors import UserError
@@ -49,28 +82,30 @@ def per_card(ctx, card: Card, useful: Figure) -> Figure:
     pilot = run.pilot if run else None
     measured = measured_value(pilot.throughput.useful_tokens_per_s) if pilot else None
     if measured and run.card_id == card.id:
-        return Figure.measured(measured, "tokens/s",
-                               f"pilot.json throughput.useful_tokens_per_s on {card.id}")
+        return _with_levers(ctx, measured, f"pilot.json throughput.useful_tokens_per_s on "
+                            f"{card.id}", MEASURED)
     if measured and run.card_id is not None:
         m = ctx.catalog.get(run.card_id)
         f = assumed("compute_bound_fraction")
         m_peak = m.peak_flops(key) or peak
         ratio = f * m_peak / peak + (1 - f) * m.hbm_bandwidth_tbps / card.hbm_bandwidth_tbps
-        return Figure.projected(
-            measured / ratio, "tokens/s",
+        return _with_levers(
+            ctx, measured / ratio,
             f"{measured:,.0f} tokens/s measured on {m.id}; step time x ({f:g} x {key} peak "
             f"{m_peak / 1e12:g}/{peak / 1e12:g} + {1 - f:g} x HBM {m.hbm_bandwidth_tbps:g}/"
-            f"{card.hbm_bandwidth_tbps:g}) (compute_bound_fraction assumed)")
+            f"{card.hbm_bandwidth_tbps:g}) (compute_bound_fraction assumed)", PROJECTED)
     from tunepilot.cost.mfu import mfu_for
 
     mfu = mfu_for(ctx.spec, card, ctx.arch)
-    tps = mfu.value * peak / ctx.flops.train * useful.value
+    seq = processed_length(ctx)
+    positions = positions_per_s_at(ctx.arch, ctx.spec, mfu.value, seq.value, peak)
+    fpt = flops_per_token(ctx.arch, ctx.spec, seq.value)
     return Figure.projected(
-        tps, "tokens/s",
+        positions * useful.value, "tokens/s",
         f"MFU {mfu.value:.3g} ({mfu.how}) x dense {key} peak {fmt_number(peak / 1e12)} TFLOP/s "
-        f"/ {ctx.flops.formula}" + (f" x useful fraction {useful.value:.3g}"
-                                    if useful.value < 1 else ""),
-        mfu=mfu.to_dict())
+        f"/ {fpt.formula}" + (f" x useful fraction {useful.value:.3g}"
+                              if useful.value < 1 else "") + f" ({MFU_RULE})",
+        mfu=mfu.to_dict(), processed_length=seq.to_dict())
 
 
 def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Figure, Figure]:

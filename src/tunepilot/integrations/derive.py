@@ -67,7 +67,9 @@ def derive_spec(model: Any, out_dir: Path, *, micro_batch_size: int, accumulatio
                 optim: str | None = None, lr: float | None = None,
                 gradient_checkpointing: bool = False, world_size: int = 1,
                 name: str | None = None, precision: str | None = None,
-                optimizer: str | None = None) -> tuple[Any, Any, list[str]]:
+                optimizer: str | None = None, max_steps: int | None = None,
+                eval_every_steps: int | None = None, save_every_steps: int | None = None
+                ) -> tuple[Any, Any, list[str]]:
     """(RunSpec, Arch, notes) of the live run; writes spec.yaml and model-config.json."""
     import yaml
 
@@ -98,6 +100,12 @@ def derive_spec(model: Any, out_dir: Path, *, micro_batch_size: int, accumulatio
                       **({"lr": float(lr)} if lr else {})},
         "activation_checkpointing": "full" if gradient_checkpointing else "none",
     }
+    if max_steps and max_steps > 0:  # the trainer's own length, not tunepilot's default target
+        spec["target"] = {"steps": int(max_steps)}
+    if eval_every_steps and eval_every_steps > 0:
+        spec["validation"] = {"every_steps": int(eval_every_steps)}
+    if save_every_steps and save_every_steps > 0:
+        spec["checkpoint"] = {"every_steps": int(save_every_steps)}
     if world_size > 1:
         spec["parallel"] = {"strategy": "ddp", "devices": int(world_size)}
         notes.append(f"{world_size} ranks: recorded as DDP (the strategy is not visible to "

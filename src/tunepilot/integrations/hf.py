@@ -136,7 +136,8 @@ class TunepilotCallback(TrainerCallback):
             bf16=bool(args.bf16), fp16=bool(args.fp16), optim=_optim_name(args),
             lr=args.learning_rate, gradient_checkpointing=bool(args.gradient_checkpointing),
             world_size=max(1, int(getattr(args, "world_size", 1) or 1)),
-            name=self.name or rec.out_dir.name)
+            name=self.name or rec.out_dir.name, max_steps=int(state.max_steps or 0),
+            eval_every_steps=_every(args, "eval"), save_every_steps=_every(args, "save"))
         rec.notes.extend(notes)
         self.result = rec.finish(spec, arch, provenance_model=provenance_model(model),
                                  startup_s=self._startup_s, losses=self._losses)
@@ -154,6 +155,17 @@ class TunepilotCallback(TrainerCallback):
         self._remove_hook()
         warnings.warn(f"tunepilot: {what} failed ({type(exc).__name__}: {exc}); tunepilot "
                       "stops recording, your run goes on.", RuntimeWarning, stacklevel=2)
+
+
+def _every(args, what: str) -> int | None:
+    """eval_steps / save_steps when the trainer evaluates / saves by steps (else None)."""
+    strategy = getattr(args, f"{what}_strategy", None)
+    if str(getattr(strategy, "value", strategy)) != "steps":
+        return None
+    every = getattr(args, f"{what}_steps", None)
+    if isinstance(every, float) and every < 1:  # a fraction of the run's steps
+        return None
+    return int(every) if every else None
 
 
 def _optim_name(args) -> str:

@@ -127,7 +127,8 @@ class TunepilotCallback(Callback):
                 precision=_PRECISION.get(str(trainer.precision), "fp32"),
                 optimizer=_OPTIMIZERS.get(type(opt).__name__, "adamw") if opt else None,
                 lr=opt.param_groups[0].get("lr") if opt else None,
-                world_size=max(1, int(trainer.world_size)), name=self.name or rec.out_dir.name)
+                world_size=max(1, int(trainer.world_size)), name=self.name or rec.out_dir.name,
+                max_steps=int(trainer.max_steps) if (trainer.max_steps or 0) > 0 else None)
             rec.notes.extend(notes)
             model_info = provenance_model(model)
         self.result = rec.finish(spec, arch, provenance_model=model_info,

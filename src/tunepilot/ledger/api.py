@@ -8,14 +8,13 @@ from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
 
 from tunepilot.catalog import Catalog
 from tunepilot.cost.terms import check_count, parse_duration, parse_options, term_cost
 from tunepilot.errors import UserError
 from tunepilot.ledger.db import Ledger, _hours, default_db_path, parse_start, utc_now
 from tunepilot.ledger.records import Booking, Cancellation, Invoice, Usage
-from tunepilot.results.quote import LineItem
+from tunepilot.results.quote import Quote
 
 
 def book(catalog: Catalog, *, db: Path | str | None, card_id: str | None, count: int | None,
@@ -46,20 +45,18 @@ def book(catalog: Catalog, *, db: Path | str | None, card_id: str | None, count:
         raise UserError("option", "a quoted booking takes its options from the quote.",
                         "Quote again with the --option flags, then book that quote.")
     with Ledger.open(path) as ledger:
-        body = ledger.get_quote(quote_id)
-        card = catalog.get(body["card_id"])
+        q = ledger.get_quote(quote_id)
+        card = catalog.get(q.card_id)
         given = {"card": card_id and catalog.get(card_id).id, "count": count,
                  "term_s": parse_duration(hours, days, required=False)}
-        quoted = {"card": card.id, "count": body["count"], "term_s": body["term"]["term_s"]}
+        quoted = {"card": card.id, "count": q.count, "term_s": q.term.term_s}
         for key, value in given.items():
             if value is not None and value != quoted[key]:
                 raise UserError(key if key != "term_s" else "hours",
                                 f"quote {quote_id} is for {quoted['count']} x {quoted['card']} "
                                 f"for {_hours(quoted['term_s'])} h, not {key} {value}.",
                                 "Leave the flag out to book the quote as quoted.")
-        items = [LineItem(**{k: i[k] for k in LineItem.model_fields})
-                 for i in body["term"]["items"]]
-        return ledger.book(card, quoted["count"], start_ts, quoted["term_s"], items,
+        return ledger.book(card, quoted["count"], start_ts, quoted["term_s"], q.term.items,
                            quote_id=quote_id, catalog_as_of=catalog.as_of, now=now)
 
 
@@ -116,6 +113,7 @@ def spend(db: Path | str | None) -> list[dict]:
         return ledger.spend() if ledger else []
 
 
-def save_quote(db: Path | str | None, body: dict[str, Any], now: datetime | None = None) -> str:
+def save_quote(db: Path | str | None, quote: Quote, now: datetime | None = None) -> str:
+    """Store the quote (the whole typed Quote) in the ledger; its id."""
     with Ledger.open(db) as ledger:
-        return ledger.save_quote(body, now or utc_now())
+        return ledger.save_quote(quote, now or utc_now())

@@ -41,7 +41,7 @@ from tunepilot.ledger.records import (
     peak_use,
     refund_cents,
 )
-from tunepilot.results.quote import LineItem
+from tunepilot.results.quote import LineItem, Quote
 from tunepilot.units import cents_to_usd, utc_now
 
 DB_FILENAME = "ledger.sqlite3"
@@ -265,22 +265,26 @@ class Ledger:
 
     # -- quotes -----------------------------------------------------------------------------
 
-    def save_quote(self, body: dict, now: datetime) -> str:
+    def save_quote(self, quote: Quote, now: datetime) -> str:
+        """Store a Quote (its JSON, validated again when read); its new id."""
         quote_id = "q-" + secrets.token_hex(6)
-        term = body["term"]
         with self._tx() as db:
             db.execute("INSERT INTO quotes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                       (quote_id, _iso(_ts(now)), body["spec_hash"], body["card_id"],
-                        body["count"], term["term_s"], term["total_cents"],
-                        json.dumps(body, default=str)))
+                       (quote_id, _iso(_ts(now)), quote.spec_hash, quote.card_id, quote.count,
+                        quote.term.term_s, quote.term.total_cents, quote.model_dump_json()))
         return quote_id
 
-    def get_quote(self, quote_id: str) -> dict:
+    def get_quote(self, quote_id: str) -> Quote:
         row = self.conn.execute("SELECT body FROM quotes WHERE id = ?", (quote_id,)).fetchone()
         if row is None:
             raise UserError("quote", f"no quote {quote_id!r} in the ledger {self.path}.",
                             "Save one with `tunepilot quote SPEC ... --save`.")
-        return json.loads(row[0])
+        try:
+            return Quote.model_validate_json(row[0])
+        except ValueError as exc:
+            raise UserError("quote", f"quote {quote_id!r} was saved by another version of "
+                            f"tunepilot and cannot be read ({str(exc).splitlines()[0]}).",
+                            "Quote again with --save and book the new quote.") from None
 
     # -- bookings ---------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ from tunepilot.memory.analytic import (
     runtime_constants,
 )
 from tunepilot.memory.fit import DEFAULT_HEADROOM, fit_card
+from tunepilot.memory.trace_result import TracedPhase, TraceJob, TraceResult
 from tunepilot.model.arch import Arch, resolve_model_config
 from tunepilot.results.plan import MemoryPlan, ParamSplit, Phase
 from tunepilot.spec import RunSpec
@@ -84,8 +85,6 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
                                 analytic, stack, arch)
     except TraceFailed as exc:
         plan = _fallback(analytic, str(exc))
-    except (KeyError, TypeError, ValueError) as exc:  # a result this version cannot read
-        plan = _fallback(analytic, f"the trace's result could not be read ({exc!r})")
     planner = analytic_plan
     if plan.fidelity == "trace":
         plan.trace["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -96,13 +95,21 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
 
 
 def trace_in_child(spec: RunSpec, config: dict, stack: str, *,
-                   timeout_s: float | None = None) -> dict:
-    """Run `trace_step` in a fresh Python process; its result, or TraceFailed with the reason."""
+                   timeout_s: float | None = None) -> TraceResult:
+    """Run `trace_step` in a fresh Python process; its result, or TraceFailed with the reason
+    (also when the result is not one this version can read)."""
+    from pydantic import ValidationError
+
     timeout = float(timeout_s or os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
-    job = {"spec": spec.model_dump(mode="json"), "config": config, "stack": stack}
+    job = TraceJob(spec=spec.model_dump(mode="json"), config=config, stack=stack)
     try:
-        return run_child("tunepilot.memory.trace_step", job, timeout_s=timeout,
-                         what="the trace process")
+        raw = run_child("tunepilot.memory.trace_step", job.model_dump(mode="json"),
+                        timeout_s=timeout, what="the trace process")
+        raw.pop("status", None)
+        return TraceResult.model_validate(raw)
+    except ValidationError as exc:
+        raise TraceFailed(f"the trace's result could not be read ("
+                          f"{str(exc).splitlines()[0]})") from None
     except ChildFailed as exc:
         reason = exc.reason
         if "took longer" in reason:
@@ -142,26 +149,20 @@ def traced_peak_for_benchmark(spec: RunSpec, arch: Arch, config: dict | None = N
 # ---------------------------------------------------------------------------- building the plan
 
 
-def _phase_bytes(p: dict) -> dict:
-    d = {c: int(p.get(f"{c}_bytes", 0)) for c in COMPONENTS}
-    d["cast_act"] = int(p.get("weight_cast_activations_bytes", 0))
-    d["cast_tmp"] = int(p.get("weight_cast_bytes", 0)) - d["cast_act"]
+def _phase_bytes(p: TracedPhase) -> dict:
+    d = {c: getattr(p, f"{c}_bytes") for c in COMPONENTS}
+    d["cast_act"] = p.weight_cast_activations_bytes
+    d["cast_tmp"] = p.weight_cast_bytes - d["cast_act"]
     return d
 
 
-_TRACE_KEYS = ("attention_path", "attention_kernel", "optimizer_impl", "step1_peak_bytes",
-               "micro_batch_peaks_bytes", "accumulation_peak_stable", "peak_raw_bytes",
-               "num_ops", "child_wall_s", "child_peak_rss_bytes", "saved_bytes_at_peak",
-               "traced_on")
-
-
-def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str,
+def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stack: str,
                      arch: Arch | None = None) -> MemoryPlan:
     """Turn the child's trace (single device) into the plan of `spec` on one of its ranks
     (``arch`` for what is modelled on top of the trace: activation offloading)."""
     N, strategy = spec.parallel.world_size, spec.parallel.strategy
-    notes = list(raw.get("notes", []))
-    phases_in = [dict(_phase_bytes(p), name=p["name"]) for p in raw["phases"]]
+    notes = list(raw.notes)
+    phases_in = [dict(_phase_bytes(p), name=p.name) for p in raw.phases]
     if spec.activation_offloading or spec.optimizer_in_backward:
         phases_in = _levers_on_trace(spec, arch, raw, phases_in)
         notes += lever_notes(spec)
@@ -178,7 +179,7 @@ def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str,
         phases_in, fsdp_notes = _derive_fsdp(spec, raw, phases_in)
         notes += fsdp_notes
     elif strategy == "ddp" and N > 1:
-        buckets = int(raw["model"]["trainable_bytes"])
+        buckets = raw.model.trainable_bytes
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
                      "gradient_as_bucket_view=False) added to every phase")
     phases = [Phase.make(p["name"], *(p[c] for c in COMPONENTS), buckets) for p in phases_in]
@@ -191,11 +192,11 @@ def traced_plan_from(spec: RunSpec, raw: dict, analytic: MemoryPlan, stack: str,
                      "the analytic plan; loading is not traced)")
     notes.append(f"runtime overhead and allocator reserve (+{slack:.0%}) from the same model as "
                  "the analytic plan (resources/runtime.yaml)")
-    m = raw["model"]
-    params = ParamSplit(total=m["total_params"], trainable=m["trainable_params"],
-                        frozen=m["total_params"] - m["trainable_params"])
+    m = raw.model
+    params = ParamSplit(total=m.total_params, trainable=m.trainable_params,
+                        frozen=m.total_params - m.trainable_params)
     shard = N if strategy == "fsdp" else 1
-    trace = {k: raw[k] for k in _TRACE_KEYS if k in raw}
+    trace = raw.facts()
     trace.update(status="traced", peak_phase=peak.name,
                  fsdp="derived from the single-device trace" if shard > 1 else None)
     plan = MemoryPlan(
@@ -248,7 +249,7 @@ def differences(traced: MemoryPlan, analytic: MemoryPlan) -> list[dict]:
     return out
 
 
-def _derive_fsdp(spec: RunSpec, raw: dict, phases: list[dict]) -> tuple[list[dict], list[str]]:
+def _derive_fsdp(spec: RunSpec, raw: TraceResult, phases: list[dict]) -> tuple[list[dict], list[str]]:
     """One FSDP2 rank, from the single-device trace and the traced model's parameter shapes.
 
     Not traced under a fake process group: FSDP2 frees and re-allocates unsharded parameters by
@@ -270,9 +271,9 @@ def _derive_fsdp(spec: RunSpec, raw: dict, phases: list[dict]) -> tuple[list[dic
                              scale with the shards.
     """
     N = spec.parallel.world_size
-    m = raw["model"]
+    m = raw.model
     cb = 4 if spec.precision == "fp32" else 2
-    rows = m["param_rows"]  # [dim 0, bytes, trainable] per parameter tensor
+    rows = m.param_rows  # [dim 0, bytes, trainable] per parameter tensor
 
     def full(keep) -> int:
         return sum(b for _, b, t in rows if keep(t))
@@ -292,12 +293,12 @@ def _derive_fsdp(spec: RunSpec, raw: dict, phases: list[dict]) -> tuple[list[dic
     full_w, full_mw, full_tr = full(is_w), full(is_mw), full(is_tr)
     sh_w, sh_mw, sh_tr = sharded(is_w), sharded(is_mw), sharded(is_tr)
     tr_ratio = sh_tr / full_tr if full_tr else 0.0
-    layer_numel, root_numel = m["layer_numel"], m["root_numel"]
+    layer_numel, root_numel = m.layer_numel, m.root_numel
     if spec.parallel.reshard_after_forward:
         unsharded = cb * (FSDP_UNSHARDED_LAYERS * layer_numel + root_numel)
         what = f"{FSDP_UNSHARDED_LAYERS} layers + root"
     else:
-        unsharded = cb * m["total_base_numel"]
+        unsharded = cb * m.total_base_numel
         what = "all layers (reshard_after_forward: false)"
     out = []
     for p in phases:
@@ -341,7 +342,7 @@ def _offloaded(phases: list[dict]) -> tuple[list[dict], int]:
     return out, host
 
 
-def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: dict, phases: list[dict]
+def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, phases: list[dict]
                      ) -> list[dict]:
     """torchtune's levers on the traced (plain) step, as the analytic plan models them:
     optimizer_in_backward keeps at most the largest trainable tensor's gradient; activation
@@ -349,7 +350,7 @@ def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: dict, phases: list[d
     (the loss's saved tensors stay on the device)."""
     from tunepilot.memory.activations import logits_bytes, precision_bytes, saved_activations
 
-    largest = max((b for _, b, t in raw["model"]["param_rows"] if t), default=0)
+    largest = max((b for _, b, t in raw.model.param_rows if t), default=0)
     keep, logits_kept = 1.0, 0
     if spec.activation_offloading:
         if arch is None:

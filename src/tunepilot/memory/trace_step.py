@@ -25,6 +25,7 @@ from tunepilot.memory.standins import (
     to_fake,
     unpacked_sequences,
 )
+from tunepilot.memory.trace_result import TraceJob, TraceResult
 from tunepilot.memory.tracker import CUDA_BLOCK_BYTES, StorageTracker, round_block
 from tunepilot.spec import RunSpec
 
@@ -277,7 +278,7 @@ def _validation_pass(t: _Traced, mask) -> None:
 
 
 def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
-               device: str = "cpu") -> dict:
+               device: str = "cpu") -> TraceResult:
     """Two optimizer steps of the spec under a StorageTracker; the peaks of step 2, by phase.
     `fake=False` runs it on real tensors on `device` (the fake-vs-real test on the CPU; the GPU
     check on CUDA, which also records the caching allocator's own peak of step 2)."""
@@ -304,7 +305,7 @@ def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
     out.update(model=info, child_wall_s=round(time.perf_counter() - t0, 2),
                child_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                traced_on=f"{where}, torch {torch.__version__}", **allocator)
-    return out
+    return TraceResult.model_validate(out)
 
 
 def _summary(t: _Traced, n_step1: int, step2, attention: str, kernel: str, fake: bool) -> dict:
@@ -346,8 +347,9 @@ def attention_path(tracker: StorageTracker) -> tuple[str, str]:
 
 def handle(job: dict) -> dict:
     """The child's work: trace the job's spec on fake tensors."""
-    spec = RunSpec.model_validate(job["spec"])
-    return trace_step(spec, job["config"], job["stack"], fake=True)
+    j = TraceJob.model_validate(job)
+    return trace_step(RunSpec.model_validate(j.spec), j.config, j.stack,
+                      fake=True).model_dump(mode="json")
 
 
 if __name__ == "__main__":

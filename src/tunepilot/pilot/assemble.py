@@ -53,8 +53,15 @@ def pilot_result(m: Measurements, *, no_steps_why: str | None = None) -> PilotRe
         step_time=_step_time(m, why), split=_split(m, why), data_wait=_data_wait(m, why),
         throughput=_throughput(m, why), mfu=_mfu(m, why), memory=_memory(m),
         validation=_validation(m), loss=_loss(m), per_step=_per_step(m),
-        machine_load=m.load, notes=list(dict.fromkeys(m.notes + m.device.notes
+        machine_load=m.load, notes=list(dict.fromkeys(m.notes + m.device.notes + _bf16_note(m)
                                                      + _confidence_notes(m))))
+
+
+def _bf16_note(m: Measurements) -> list[str]:
+    from tunepilot.device import emulated_bf16_note
+
+    note = emulated_bf16_note(m.device, m.spec.precision) if hasattr(m.device, "cpu") else None
+    return [note] if note else []
 
 
 def run_block(m: Measurements) -> RunBlock:
@@ -196,12 +203,16 @@ def _throughput(m: Measurements, why: str) -> Throughput:
         useful_fraction=M(useful / padded if padded else None, "fraction"),
         samples_per_s=M(samples / wall, "samples/s"),
         optimizer_steps_per_s=M(len(m.steps) / wall, "steps/s"),
-        useful_tokens=M(useful, "tokens"), padded_tokens=M(padded, "tokens"))
+        useful_tokens=M(useful, "tokens"), padded_tokens=M(padded, "tokens"),
+        mean_sequence_length=M(mean_processed_length(m), "tokens"))
 
 
-def mean_processed_length(steps) -> float:
-    """The mean padded sequence length of the measured steps (MFU_RULE's length)."""
-    return statistics.fmean(x.sequence_length for x in steps)
+def mean_processed_length(m: Measurements) -> float:
+    """The mean padded length of the measured micro-batch rows (MFU_RULE's length): token
+    positions / sequences of the measured steps."""
+    per_step = m.spec.micro_batch_size * m.spec.gradient_accumulation_steps
+    rows = sum(x.samples if x.samples else per_step for x in m.steps)
+    return sum(x.padded_tokens for x in m.steps) / rows
 
 
 def _mfu(m: Measurements, why: str) -> Figure:
@@ -218,7 +229,7 @@ def _mfu(m: Measurements, why: str) -> Figure:
     peak = (m.catalog or load_catalog()).get(card_id).peak_flops(key)
     if not peak:
         return Figure.missing("fraction", f"{card_id} has no {key} peak in the catalog")
-    seq = mean_processed_length(m.steps)
+    seq = mean_processed_length(m)
     fpt = flops_per_token(m.arch, m.spec, seq)
     positions = sum(x.padded_tokens for x in m.steps) / sum(x.wall_s for x in m.steps)
     value = mfu(m.arch, m.spec, positions, seq, peak)

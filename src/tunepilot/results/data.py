@@ -42,10 +42,19 @@ class Batching(Model):
     steps_per_epoch: int
     """optimizer steps of one epoch (drop_last, on one device)"""
 
+    @property
+    def mean_padded_length(self) -> float | None:
+        """Token positions per item: the mean length a micro-batch row is padded to."""
+        return self.positions / self.items if self.items else None
+
     def steps_on(self, world_size: int, micro_batch_size: int, accumulation: int) -> int:
-        """Optimizer steps of one epoch over ``world_size`` ranks (each rank reads
-        items // world_size, in whole micro-batches, drop_last)."""
-        return (self.items // world_size // micro_batch_size) // accumulation
+        """Optimizer steps of one epoch over ``world_size`` ranks, as the HF Trainer (and
+        axolotl, TRL) runs it: each rank reads ceil(items / W) samples (the distributed sampler
+        pads), in ceil(that / micro_batch_size) micro-batches (no drop_last), and a last
+        partial accumulation still steps: 2.5 steps' worth of data run as 3."""
+        per_rank = -(-self.items // world_size)
+        batches = -(-per_rank // micro_batch_size)
+        return -(-batches // accumulation)
 
 
 class DataProfile(StageResult):

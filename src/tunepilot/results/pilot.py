@@ -167,6 +167,8 @@ class Throughput(Model):
     optimizer_steps_per_s: Figure = _fig("steps/s")
     useful_tokens: Figure | None = None
     padded_tokens: Figure | None = None
+    mean_sequence_length: Figure | None = None
+    """the mean padded length of the measured micro-batches (MFU's length; the quote's too)"""
 
 
 class AllocatorMemory(Model):

@@ -70,6 +70,35 @@ class TimeTerm(Model):
     total: Figure
 
 
+class QuoteThroughput(Model):
+    """The throughput a quote divides by: useful tokens/s of one card, the scaling efficiency of
+    N, and their product."""
+
+    useful_fraction: Figure
+    """useful (supervised) tokens / token positions"""
+    per_card: Figure
+    """useful tokens/s of one card"""
+    efficiency: Figure
+    """N cards' throughput / (N x one card's), at the quote's global-batch rule"""
+    total: Figure
+    """useful tokens/s of the N cards"""
+
+    def rows(self) -> list[tuple[str, Figure]]:
+        return [(name, getattr(self, name)) for name in type(self).model_fields]
+
+
+class BatchOnCards(Model):
+    """The global-batch rule the quote (and the scaling test) holds across card counts."""
+
+    global_batch_samples: int
+    micro_batch_size: int
+    accumulation_per_rank: int
+    rule: str = ("the spec's global batch (micro_batch_size x gradient_accumulation_steps x "
+                 "parallel.world_size) is held fixed on every card count; each card takes its "
+                 "share as micro-batches x accumulation")
+    note: str | None = None
+
+
 class RunSource(Model):
     """The run directory a quote took measurements from."""
 
@@ -93,7 +122,8 @@ class Quote(StageResult, _Derived):
     tokens_per_step: int
     flops_per_token: Figure
     """training FLOPs per token (model/flops.py, the same function the pilot's MFU uses)"""
-    throughput: dict[str, Figure]
+    throughput: QuoteThroughput
+    batch: BatchOnCards | None = None
     time_terms: list[TimeTerm]
     job_s: Figure
     term: TermCost
@@ -120,9 +150,6 @@ class Quote(StageResult, _Derived):
     def cost_basis(self) -> str:
         """The prices are the catalog's; the time they pay for is measured or projected."""
         return self.job_s.basis
-
-    def term_time(self, name: str) -> TimeTerm | None:
-        return next((t for t in self.time_terms if t.name == name), None)
 
 
 class Refusal(Model):

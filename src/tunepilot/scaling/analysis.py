@@ -13,6 +13,7 @@ from tunepilot.results.scale import (
     Recommendation,
     StrategyResult,
 )
+from tunepilot.scaling.messages import RankRecord
 from tunepilot.units import fmt_bytes
 
 # Largest |loss(N ranks) - loss(1 rank)| over the same global batches that still counts as
@@ -30,7 +31,7 @@ def _dist(values: list[float]) -> dict:
             "max": xs[-1], "values": values}
 
 
-def summarize(records: list[dict]) -> LaunchSummary:
+def summarize(records: list[RankRecord]) -> LaunchSummary:
     """Throughput, step times, memory, losses and sample order of one launch (all its ranks).
 
     A step ends when its slowest rank ends (the optimizer step of every rank follows the same
@@ -38,42 +39,40 @@ def summarize(records: list[dict]) -> LaunchSummary:
     useful tokens over the sum of those step times (measured steps only).
     """
     world = len(records)
-    n_steps = len(records[0]["steps"])
-    meas = [i for i in range(n_steps) if records[0]["steps"][i]["measured"]]
-    step_s = [max(r["steps"][i]["wall_s"] for r in records) for i in meas]
-    tokens = sum(r["steps"][i]["useful_tokens"] for r in records for i in meas)
+    first = records[0]
+    n_steps = len(first.steps)
+    meas = [i for i in range(n_steps) if first.steps[i].measured]
+    step_s = [max(r.steps[i].wall_s for r in records) for i in meas]
+    tokens = sum(r.steps[i].useful_tokens for r in records for i in meas)
     per_rank = []
     for r in records:
-        rs = [r["steps"][i] for i in meas]
-        inflight = [s["comm_inflight_s"] for s in rs if s.get("comm_inflight_s") is not None]
-        exposed = [s["comm_exposed_s"] for s in rs if s.get("comm_exposed_s") is not None]
-        wall = sum(s["wall_s"] for s in rs)
+        rs = [r.steps[i] for i in meas]
+        inflight = [s.comm_inflight_s for s in rs if s.comm_inflight_s is not None]
+        exposed = [s.comm_exposed_s for s in rs if s.comm_exposed_s is not None]
+        wall = sum(s.wall_s for s in rs)
         per_rank.append({
-            "rank": r["rank"], "host": r["host"], "pid": r["pid"], "device": r["device"],
-            "threads": r["threads"], "params_local": r["params_local"],
-            "useful_tokens": sum(s["useful_tokens"] for s in rs),
-            "useful_tokens_per_s": sum(s["useful_tokens"] for s in rs) / wall if wall else None,
-            "step_time_s": _dist([s["wall_s"] for s in rs]),
-            "peak_memory_bytes": r["memory"]["peak_bytes"]["value"],
-            "memory_measure": r["memory"]["peak_bytes"].get("what"),
+            "rank": r.rank, "host": r.host, "pid": r.pid, "device": r.device,
+            "threads": r.threads, "params_local": r.params_local,
+            "useful_tokens": sum(s.useful_tokens for s in rs),
+            "useful_tokens_per_s": sum(s.useful_tokens for s in rs) / wall if wall else None,
+            "step_time_s": _dist([s.wall_s for s in rs]),
+            "peak_memory_bytes": r.peak_memory_bytes, "memory_measure": r.memory_measure,
             "comm_inflight_s_per_step": statistics.fmean(inflight) if inflight else None,
             "comm_exposed_s_per_step": statistics.fmean(exposed) if exposed else None,
-            "comm_measure": r["comm_measure"]})
-    losses = [records[0]["steps"][i]["loss_global"] for i in range(n_steps)]
-    spread = max(abs(r["steps"][i]["loss_global"] - losses[i]) for r in records
+            "comm_measure": r.comm_measure})
+    losses = [first.steps[i].loss_global for i in range(n_steps)]
+    spread = max(abs(r.steps[i].loss_global - losses[i]) for r in records
                  for i in range(n_steps))
     return LaunchSummary(**{
-        "world_size": world, "strategy": records[0]["strategy"],
-        "backend": records[0]["backend"],
-        "micro_batch_size": records[0]["micro_batch_size"],
-        "accumulation": records[0]["accumulation"],
+        "world_size": world, "strategy": first.strategy, "backend": first.backend,
+        "micro_batch_size": first.micro_batch_size, "accumulation": first.accumulation,
         "measured_steps": len(meas), "useful_tokens": tokens,
         "useful_tokens_per_s": tokens / sum(step_s), "step_time_s": _dist(step_s),
         "peak_memory_bytes_per_rank": max(p["peak_memory_bytes"] for p in per_rank),
         "losses": losses, "loss_spread_between_ranks": spread,
-        "samples": [interleave([r["steps"][i]["samples"] for r in records])
+        "samples": [interleave([r.steps[i].samples for r in records])
                     for i in range(n_steps)],
-        "ranks_reported": sorted(r["rank"] for r in records), "per_rank": per_rank})
+        "ranks_reported": sorted(r.rank for r in records), "per_rank": per_rank})
 
 
 def interleave(per_rank: list[list[str]]) -> list[str]:

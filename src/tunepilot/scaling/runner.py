@@ -17,17 +17,17 @@ and per launch RUN_DIR/scale/<run>/rank<R>.json + all_ranks.json, logs under RUN
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunepilot.child import write_job
+from tunepilot.child import read_message, write_message
 from tunepilot.errors import TunepilotError, UserError
 from tunepilot.results.scale import BatchPlan, ScalingResult, StrategyResult
 from tunepilot.scaling.analysis import compare, notes, recommend, summarize
 from tunepilot.scaling.launch import LaunchError, Rendezvous, launch
+from tunepilot.scaling.messages import GatheredRanks, RankRecord, ScaleJob
 from tunepilot.spec import RunSpec
 
 STRATEGIES = ("ddp", "fsdp")
@@ -37,25 +37,15 @@ DEFAULT_TIMEOUT_S = 600.0
 
 
 def plan_batches(spec: RunSpec, world: int) -> BatchPlan:
-    """Micro-batch and accumulation per rank for W ranks and for the 1-rank baseline."""
-    g = spec.global_batch_samples
-    if g % world:
-        raise UserError("--nproc", f"the spec's global batch of {g} samples (micro_batch_size "
-                        f"{spec.micro_batch_size} x gradient_accumulation_steps "
-                        f"{spec.gradient_accumulation_steps} x {spec.parallel.world_size} "
-                        f"device(s)) cannot be split evenly over {world} ranks, so the scaling "
-                        "test could not hold it equal.",
-                        f"Use a rank count that divides {g}, or set gradient_accumulation_steps "
-                        f"to a multiple of {world}.")
-    per_rank = g // world
-    micro = max(m for m in range(1, spec.micro_batch_size + 1) if per_rank % m == 0)
-    note = None
-    if micro != spec.micro_batch_size:
-        note = (f"micro-batch per rank is {micro}, not the spec's {spec.micro_batch_size}: "
-                f"{world} ranks hold {g} samples as {per_rank} each; the baseline uses {micro} "
-                "too, so both measure the same work per micro-batch")
-    return BatchPlan(global_batch_samples=g, world_size=world, micro_batch_size=micro,
-                     accumulation=per_rank // micro, baseline_accumulation=g // micro,
+    """Micro-batch and accumulation per rank for W ranks and for the 1-rank baseline, by the
+    spec's global-batch rule (RunSpec.batch_on, which the quote uses too)."""
+    split = spec.batch_on(world)
+    note = None if split.note is None else (split.note + f"; the baseline uses "
+                                            f"{split.micro_batch_size} too, so both measure the "
+                                            "same work per micro-batch")
+    return BatchPlan(global_batch_samples=split.global_samples, world_size=world,
+                     micro_batch_size=split.micro_batch_size, accumulation=split.accumulation,
+                     baseline_accumulation=split.global_samples // split.micro_batch_size,
                      sequence_length=spec.sequence_length, note=note)
 
 
@@ -182,17 +172,17 @@ class _Ctx:
     say: Callable[[str], None]
 
     def run(self, name: str, strategy: str, nproc: int, accumulation: int, rdzv: Rendezvous
-            ) -> list[dict]:
+            ) -> list[RankRecord]:
         out = self.work / name
         shutil.rmtree(out, ignore_errors=True)  # never read a previous run's rank files
         shutil.rmtree(self.logs / name, ignore_errors=True)
-        job = {"spec": self.spec.model_dump(mode="json"), "strategy": strategy,
-               "micro_batch": self.batches.micro_batch_size, "accumulation": accumulation,
-               "global_batch": self.batches.global_batch_samples,
-               "warmup_steps": self.warmup_steps, "steps": self.steps, "device": self.device,
-               "out": str(out), "threads": self.threads or 1,
-               "base_dir": str(self.base_dir) if self.base_dir is not None else None}
-        job_file = write_job(self.work / f"{name}.job.json", job)
+        job = ScaleJob(spec=self.spec.model_dump(mode="json"), strategy=strategy,
+                       micro_batch=self.batches.micro_batch_size, accumulation=accumulation,
+                       global_batch=self.batches.global_batch_samples,
+                       warmup_steps=self.warmup_steps, steps=self.steps, device=self.device,
+                       out=str(out), threads=self.threads or 1,
+                       base_dir=str(self.base_dir) if self.base_dir is not None else None)
+        job_file = write_message(self.work / f"{name}.job.json", job)
         env = {"OMP_NUM_THREADS": str(self.threads or 1)} if self.device == "cpu" else {}
         res = launch(f"scale {name}", "tunepilot.scaling.worker", [str(job_file)], nproc=nproc,
                      log_dir=self.logs / name, timeout_s=self.timeout_s, rdzv=rdzv, env=env)
@@ -201,23 +191,23 @@ class _Ctx:
 
     def does_not_fit(self, name: str) -> str | None:
         for p in sorted((self.work / name).glob("rank*.json")):
-            rec = json.loads(p.read_text())
-            if rec.get("status") == "does_not_fit":
-                return f"rank {rec.get('rank')}: {rec.get('error')}"
+            rec = read_message(RankRecord, p)
+            if rec.status == "does_not_fit":
+                return f"rank {rec.rank}: {rec.error}"
         return None
 
 
-def read_rank_records(out: Path, world: int) -> list[dict]:
+def read_rank_records(out: Path, world: int) -> list[RankRecord]:
     """Every rank's record: all_ranks.json (gathered over the process group, so it holds the
     other nodes' ranks too), else the rank<R>.json files; all W ranks must be there."""
-    recs: dict[int, dict] = {}
+    recs: dict[int, RankRecord] = {}
     gathered = out / "all_ranks.json"
     if gathered.exists():
-        for r in json.loads(gathered.read_text())["ranks"]:
-            recs[int(r["rank"])] = r
+        for r in read_message(GatheredRanks, gathered).ranks:
+            recs[r.rank] = r
     for p in out.glob("rank*.json"):
-        r = json.loads(p.read_text())
-        recs.setdefault(int(r["rank"]), r)
+        r = read_message(RankRecord, p)
+        recs.setdefault(r.rank, r)
     missing = [r for r in range(world) if r not in recs]
     if missing:
         raise TunepilotError(f"ranks {missing} of {world} wrote no result in {out}; the launch "

@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from tunepilot.scaling.messages import GatheredRanks, RankRecord, RankStep, ScaleJob
+
 DOES_NOT_FIT_EXIT = 3
 STRATEGIES = ("single", "ddp", "fsdp")
 
@@ -205,7 +207,7 @@ def init_group(device_kind: str, threads: int) -> tuple[int, int, object]:
     return rank, local_rank, device
 
 
-def _step_record(i: int, job: dict, st, timer, batches: list, device) -> dict:
+def _step_record(i: int, job: ScaleJob, st, timer, batches: list, device) -> RankStep:
     import torch
     import torch.distributed as dist
 
@@ -213,18 +215,18 @@ def _step_record(i: int, job: dict, st, timer, batches: list, device) -> dict:
     loss = torch.tensor([st.loss], dtype=torch.float64, device=device)
     if world > 1:
         dist.all_reduce(loss)  # SUM (gloo has no AVG): the global mean is sum / world
-    return {"step": i, "measured": i >= job["warmup_steps"], "loss_local": st.loss,
-            "loss_global": float(loss.item()) / world, "wall_s": st.wall_s,
-            "useful_tokens": st.useful_tokens, "padded_tokens": st.padded_tokens,
-            "data_wait_s": st.data_wait_s, "forward_s": st.forward_s,
-            "backward_s": st.backward_s, "optimizer_s": st.optimizer_s,
-            "comm_inflight_s": timer.inflight_s if timer else None,
-            "comm_exposed_s": timer.exposed_s() if timer else None,
-            "comm_buckets": timer.buckets if timer else None,
-            "samples": [f for b in batches for f in sample_fingerprints(b)]}
+    return RankStep(step=i, measured=i >= job.warmup_steps, loss_local=st.loss,
+                    loss_global=float(loss.item()) / world, wall_s=st.wall_s,
+                    useful_tokens=st.useful_tokens, padded_tokens=st.padded_tokens,
+                    data_wait_s=st.data_wait_s, forward_s=st.forward_s,
+                    backward_s=st.backward_s, optimizer_s=st.optimizer_s,
+                    comm_inflight_s=timer.inflight_s if timer else None,
+                    comm_exposed_s=timer.exposed_s() if timer else None,
+                    comm_buckets=timer.buckets if timer else None,
+                    samples=[f for b in batches for f in sample_fingerprints(b)])
 
 
-def run(job: dict) -> dict:
+def run(job: ScaleJob) -> RankRecord:
     """One rank of a scaling launch: build, wrap, train warm-up + measured steps, report."""
     import torch
     import torch.distributed as dist
@@ -233,22 +235,22 @@ def run(job: dict) -> dict:
     from tunepilot.spec import spec_from_dict
     from tunepilot.training import build_run, train_step
 
-    rank, local_rank, device = init_group(job["device"], job.get("threads", 1))
+    rank, local_rank, device = init_group(job.device, job.threads)
     world = dist.get_world_size()
-    progress(rank, "start", f"pid {os.getpid()} strategy {job['strategy']}")
+    progress(rank, "start", f"pid {os.getpid()} strategy {job.strategy}")
     progress(rank, "init", f"world {world} backend {dist.get_backend()}")
     call_hook()  # tests/support faults: a rank that crashes or hangs here
-    if job["micro_batch"] * job["accumulation"] * world != job["global_batch"]:
-        raise SystemExit(f"rank {rank}: micro-batch {job['micro_batch']} x accumulation "
-                         f"{job['accumulation']} x {world} ranks != global batch "
-                         f"{job['global_batch']}")
-    spec = spec_from_dict(job["spec"], source="the scaling job")
-    timer = CommTimer() if (job["strategy"] == "ddp" and device.type == "cpu") else None
+    if job.micro_batch * job.accumulation * world != job.global_batch:
+        raise SystemExit(f"rank {rank}: micro-batch {job.micro_batch} x accumulation "
+                         f"{job.accumulation} x {world} ranks != global batch "
+                         f"{job.global_batch}")
+    spec = spec_from_dict(job.spec, source="the scaling job")
+    timer = CommTimer() if (job.strategy == "ddp" and device.type == "cpu") else None
     progress(rank, "model")
-    run_ = build_run(spec, device, total_steps=job["warmup_steps"] + job["steps"],
-                     base_dir=Path(job["base_dir"]) if job.get("base_dir") else None,
-                     rank=rank, world_size=world, micro_batch_size=job["micro_batch"],
-                     prepare=lambda m: wrap(m, job["strategy"], spec, device, timer))
+    run_ = build_run(spec, device, total_steps=job.warmup_steps + job.steps,
+                     base_dir=Path(job.base_dir) if job.base_dir else None,
+                     rank=rank, world_size=world, micro_batch_size=job.micro_batch,
+                     prepare=lambda m: wrap(m, job.strategy, spec, device, timer))
     state, stream = run_.state, run_.stream
     params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                        for p in state.model.parameters())
@@ -261,48 +263,49 @@ def run(job: dict) -> dict:
         return b
 
     steps = []
-    total = job["warmup_steps"] + job["steps"]
+    total = job.warmup_steps + job.steps
     for i in range(total):
         progress(rank, "train", f"step {i + 1}/{total}")
         if timer is not None:
             timer.reset()
         batches.clear()
-        st = train_step(state, next_batch, spec, accumulation=job["accumulation"])
+        st = train_step(state, next_batch, spec, accumulation=job.accumulation)
         steps.append(_step_record(i, job, st, timer, batches, device))
     progress(rank, "report")
-    record = {"rank": rank, "local_rank": local_rank, "world_size": world,
-              "host": socket.gethostname(), "pid": os.getpid(), "strategy": job["strategy"],
-              "device": str(device), "backend": dist.get_backend(),
-              "threads": torch.get_num_threads(), "cpu_affinity": sorted(os.sched_getaffinity(0)),
-              "micro_batch_size": job["micro_batch"], "accumulation": job["accumulation"],
-              "global_batch_samples": job["global_batch"], "warmup_steps": job["warmup_steps"],
-              "reshard_after_forward": spec.parallel.reshard_after_forward
-              if job["strategy"] == "fsdp" else None,
-              "params_local": int(params_local), "memory": watch.stop(),
-              "comm_measure": ("ddp comm hook (see tunepilot.scaling.worker)" if timer else
-                               "not measured directly on this strategy/device"),
-              "status": "ok", "steps": steps}
-    _report(Path(job["out"]), record, rank, local_rank, world)
+    record = RankRecord(
+        rank=rank, local_rank=local_rank, world_size=world, host=socket.gethostname(),
+        pid=os.getpid(), strategy=job.strategy, device=str(device),
+        backend=dist.get_backend(), threads=torch.get_num_threads(),
+        cpu_affinity=sorted(os.sched_getaffinity(0)), micro_batch_size=job.micro_batch,
+        accumulation=job.accumulation, global_batch_samples=job.global_batch,
+        warmup_steps=job.warmup_steps,
+        reshard_after_forward=spec.parallel.reshard_after_forward
+        if job.strategy == "fsdp" else None,
+        params_local=int(params_local), memory=watch.stop(),
+        comm_measure=("ddp comm hook (see tunepilot.scaling.worker)" if timer else
+                      "not measured directly on this strategy/device"),
+        status="ok", steps=steps)
+    _report(Path(job.out), record, rank, local_rank, world)
     dist.destroy_process_group()
     progress(rank, "done")
     return record
 
 
-def _report(out: Path, record: dict, rank: int, local_rank: int, world: int) -> None:
+def _report(out: Path, record: RankRecord, rank: int, local_rank: int, world: int) -> None:
     """rank{R}.json, and on local rank 0 every rank's record (gathered over the group)."""
     import torch.distributed as dist
 
-    from tunepilot.store import write_json
+    from tunepilot.child import write_message
 
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / f"rank{rank}.json", record)
+    write_message(out / f"rank{rank}.json", record)
     gathered: list = [None] * world
     if world > 1:
-        dist.all_gather_object(gathered, record)
+        dist.all_gather_object(gathered, record.model_dump(mode="json"))
+        ranks = [RankRecord.model_validate(g) for g in gathered]
     else:
-        gathered = [record]
+        ranks = [record]
     if local_rank == 0:
-        write_json(out / "all_ranks.json", {"world_size": world, "ranks": gathered})
+        write_message(out / "all_ranks.json", GatheredRanks(world_size=world, ranks=ranks))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     from tunepilot.child import LAUNCHERS, die_with_parent, read_job
 
     die_with_parent(parent_runs=LAUNCHERS)  # torchrun gone (tunepilot killed): this rank goes too
-    job = read_job(argv)
+    job = read_job(argv, ScaleJob)
 
     @record
     def _main() -> None:
@@ -321,11 +324,11 @@ def main(argv: list[str] | None = None) -> int:
             run(job)
         except torch.OutOfMemoryError as exc:
             rank = int(os.environ.get("RANK", "0"))
-            from tunepilot.store import write_json
+            from tunepilot.child import write_message
 
-            write_json(Path(job["out"]) / f"rank{rank}.json",
-                       {"rank": rank, "strategy": job["strategy"], "status": "does_not_fit",
-                        "error": str(exc).splitlines()[0]})
+            write_message(Path(job.out) / f"rank{rank}.json",
+                          RankRecord(rank=rank, strategy=job.strategy, status="does_not_fit",
+                                     error=str(exc).splitlines()[0]))
             progress(rank, "report", "out of memory")
             sys.exit(DOES_NOT_FIT_EXIT)
 

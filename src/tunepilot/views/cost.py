@@ -37,6 +37,11 @@ def render_quote(q: Quote) -> None:
     console.print(f"[bold]{q.spec_label}[/bold] on {q.count} x {q.card_id} ({q.strategy}); target "
                   f"{q.target_useful_tokens:,.0f} useful tokens = {q.optimizer_steps:,} optimizer "
                   f"steps of {q.tokens_per_step:,} tokens")
+    if q.batch is not None:
+        b = q.batch
+        console.print(f"global batch {b.global_batch_samples:,} samples on every card count "
+                      f"(here {q.count} x {b.micro_batch_size} x {b.accumulation_per_rank} "
+                      "accumulation); the scaling efficiency is measured under the same rule")
     if q.run_dir:
         console.print(f"run directory {q.run_dir.path} (measured on {q.run_dir.device}"
                       f"{', catalog card ' + q.run_dir.card_id if q.run_dir.card_id else ''})")
@@ -44,7 +49,7 @@ def render_quote(q: Quote) -> None:
     names = {"useful_fraction": "useful (trained) fraction of positions", "per_card": "useful tokens/s, "
              "one card", "efficiency": "scaling efficiency", "total": f"useful tokens/s, {q.count} "
              "card(s)"}
-    for key, f in q.throughput.items():
+    for key, f in q.throughput.rows():
         t.add_row(names.get(key, key), _value(f), mark(f.basis), escape(f.how))
     console.print(t)
     t = _table("Time the job needs", ["term", "times", "each", "total", "basis", "how"],
@@ -99,9 +104,8 @@ def render_compare(c: Comparison) -> None:
                ("#", "count", "useful tokens/s", "term cost", "$/M tokens (term)",
                 "$/M tokens (job)"))
     for rank, q in enumerate(c.rows, 1):
-        f = q.throughput["total"]
-        one = q.throughput.get("per_card")
-        mfu = (one.extra("mfu") or {}) if one is not None else {}
+        f = q.throughput.total
+        mfu = q.throughput.per_card.extra("mfu") or {}
         kind = mfu.get("kind") if isinstance(mfu, dict) else None
         mark = f"{f.basis[0]}" + (f", MFU {kind}" if kind and not f.is_measured else "")
         t.add_row(str(rank), q.card_id, str(q.count), q.strategy,

@@ -122,14 +122,10 @@ def _finish(m: Mapper, options: ImportOptions) -> None:
     steps = m.spec.pop("_max_steps", None)
     m.spec.pop("_epochs", None)
     if steps:
-        s = m.spec
-        per_step = (s.get("micro_batch_size", 1) * s.get("sequence_length", 2048)
-                    * s.get("gradient_accumulation_steps", 1)
-                    * (s.get("parallel") or {}).get("devices", 1))
-        s.setdefault("target", {})["tokens"] = float(steps * per_step)
-        m.mapped["max_steps"] = "target.tokens"
-        m.note(f"max_steps {steps}: target.tokens = steps x {per_step:,} token positions per "
-               "optimizer step (padding included; the pilot measures the useful share)")
+        m.spec.setdefault("target", {})["steps"] = int(steps)
+        m.mapped["max_steps"] = "target.steps"
+        m.note(f"max_steps {steps}: target.steps {steps} optimizer steps (the quote counts their "
+               "useful tokens: steps x tokens per step x the useful share the pilot measures)")
 
 
 def write_spec(result: ImportResult, out: Path) -> None:
