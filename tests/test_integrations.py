@@ -302,3 +302,38 @@ def test_a_model_loaded_in_bf16_is_derived_as_bf16_true_not_mixed(tmp_path):
     fp32 = derive_spec(LlamaForCausalLM(tiny_config()), tmp_path / "fp32", micro_batch_size=2,
                        accumulation=1, sequence_length=64, bf16=True)[0]
     assert fp32.precision == "bf16-mixed"  # fp32 master weights under autocast
+
+
+def _gone(pids: list[int], within_s: float) -> bool:
+    end = time.time() + within_s
+    while time.time() < end:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sigkill_of_watch_leaves_neither_the_command_nor_its_children(tmp_path):
+    """SIGKILL cannot be caught: the watched command dies with watch (parent-death signal) and
+    the sentinel ends what the command started (issue 26: it was left running)."""
+    pidfile = tmp_path / "pids"
+    child = tmp_path / "tree.py"
+    child.write_text(textwrap_tree(pidfile))
+    proc = subprocess.Popen([str(EXE), "watch", "--out", str(tmp_path / "w"), "--",
+                             sys.executable, str(child)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline and not (pidfile.exists() and
+                                          len(pidfile.read_text().split()) >= 2):
+        time.sleep(0.1)
+    pids = [int(x) for x in pidfile.read_text().split()]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _gone(pids, within_s=20), "the watched command outlived a SIGKILLed watch"

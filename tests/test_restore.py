@@ -185,3 +185,39 @@ def test_restore_on_the_gpu_reports_determinism_and_loss_difference(tmp_path):
     assert isinstance(data["deterministic"]["held"], bool)
     failed = {c.name for c in result.components if not c.passed}
     assert not failed - {"loss"}, failed  # the state itself must restore exactly on a GPU too
+
+
+@pytest.mark.slow
+def test_sigkill_of_restore_leaves_no_worker_and_no_job_directory(tmp_path):
+    """The fresh-process worker dies with tunepilot and its job directory goes with it (issue
+    26: a SIGKILL left the worker running and a tunepilot-child-* directory behind)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    exe = Path(sys.executable).with_name("tunepilot")
+    proc = subprocess.Popen([str(exe), "restore", "examples/tiny.yaml", "--out",
+                             str(tmp_path / "r")], env={**os.environ, "TMPDIR": str(tmp)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not workers:
+        workers = [p for p in psutil.process_iter(["cmdline"])
+                   if "tunepilot.restore.worker" in " ".join(p.info["cmdline"] or [])
+                   and str(tmp) in " ".join(p.info["cmdline"] or [])]
+        time.sleep(0.1)
+    assert workers, "the worker never started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, "the worker outlived a SIGKILLed tunepilot restore"
+    end = time.monotonic() + 30
+    while time.monotonic() < end and list(tmp.glob("tunepilot-child-*")):
+        time.sleep(0.2)
+    assert list(tmp.glob("tunepilot-child-*")) == []

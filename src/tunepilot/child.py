@@ -13,6 +13,7 @@ fault injection (tests/support) plugs in there, so none of it lives in the libra
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -56,30 +57,60 @@ def src_pythonpath(env: dict[str, str] | None = None) -> dict[str, str]:
 def run_child(module: str, job: dict, *, timeout_s: float, what: str = "the child process",
               env: dict[str, str] | None = None, log_path: Path | None = None,
               workdir: Path | None = None) -> dict:
-    """Run ``python -m module JOB RESULT`` and return its result; ChildFailed with the reason."""
-    with tempfile.TemporaryDirectory(prefix="tunepilot-child-", dir=workdir) as tmp:
+    """Run ``python -m module JOB RESULT`` and return its result; ChildFailed with the reason.
+    The child dies with tunepilot and its job directory goes with it (spawn.Spawned's
+    sentinel); a directory left by an earlier tunepilot that could not clean up (the machine
+    went down) is removed by the next run (it is named after its tunepilot's process id)."""
+    from tunepilot.spawn import run_to_end
+
+    _sweep_stale_dirs(Path(workdir) if workdir is not None else Path(tempfile.gettempdir()))
+    with tempfile.TemporaryDirectory(prefix=f"{CHILD_DIR_PREFIX}{os.getpid()}-",
+                                     dir=workdir) as tmp:
         job_path, res_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job, default=str))
         cmd = [sys.executable, "-m", module, str(job_path), str(res_path)]
         full_env = src_pythonpath(env)
         full_env.setdefault("TRANSFORMERS_VERBOSITY", "error")
         full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
-        err = open(log_path, "wb") if log_path else subprocess.PIPE  # noqa: SIM115
-        try:
-            proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, env=full_env,
-                                  timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise ChildFailed(f"{what} took longer than {timeout_s:.0f} s") from None
-        finally:
-            if log_path:
-                err.close()
-        stderr = log_path.read_bytes() if log_path else (proc.stderr or b"")
+        err_path = log_path or Path(tmp) / "stderr.log"
+        with open(err_path, "wb") as err:
+            rc, timed_out = run_to_end(cmd, timeout_s=timeout_s, env=full_env,
+                                       stdout=subprocess.DEVNULL, stderr=err, reaper=True,
+                                       cleanup=Path(tmp))
+        if timed_out:
+            raise ChildFailed(f"{what} took longer than {timeout_s:.0f} s")
+        stderr = err_path.read_bytes()
         result = _read_result(res_path)
     if result is not None and result.get("status") == "ok":
         return result
     if result is not None and result.get("status") == "error":
         raise ChildFailed(result.get("reason", f"{what} failed"), result.get("error"))
-    raise ChildFailed(_died(what, proc.returncode, stderr.decode(errors="replace")))
+    raise ChildFailed(_died(what, rc, stderr.decode(errors="replace")))
+
+
+CHILD_DIR_PREFIX = "tunepilot-child-"
+
+
+def _sweep_stale_dirs(parent: Path) -> None:
+    """Remove tunepilot-child-<pid>-* directories whose tunepilot process no longer runs (it
+    was killed before it could clean up)."""
+    import shutil
+
+    with contextlib.suppress(OSError):
+        for d in parent.glob(f"{CHILD_DIR_PREFIX}*-*"):
+            pid = d.name[len(CHILD_DIR_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _read_result(path: Path) -> dict | None:

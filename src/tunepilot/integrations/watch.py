@@ -15,11 +15,9 @@ instead of writing a result of its own.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from tunepilot.results.pilot import (
     ProcessMemory,
     Watched,
 )
+from tunepilot.spawn import Spawned
 
 MARKERS_ENV = "TUNEPILOT_WATCH_MARKERS"
 DIR_ENV = "TUNEPILOT_WATCH_DIR"
@@ -107,21 +106,21 @@ def watch_command(cmd: list[str], out: Path | str, *, spec=None, interval_s: flo
     t0_wall, t0 = time.time(), time.perf_counter()
     got_signal: list[int] = []
     signalled_at: list[float] = []
-    started: list[subprocess.Popen] = []  # filled once the child exists
+    started: list[Spawned] = []  # filled once the child exists
 
     def forward(signum, _frame):
         got_signal.append(signum)
         signalled_at.append(time.perf_counter())
         if started:
-            _signal_group(started[0].pid, signum)
+            started[0].signal_group(signum)
 
     # The forwarding is in place before the child starts: a signal that arrives while it is
     # being started is recorded and passed on as soon as it has a process group.
     old = {s: signal.signal(s, forward) for s in _FORWARDED}
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a parent may have blocked them
     try:
-        started.append(subprocess.Popen(cmd, env=env, start_new_session=True,
-                                        preexec_fn=_unblock_signals))
+        started.append(Spawned(cmd, env=env, reaper=True, grace_s=GRACE_S,
+                               preexec=_unblock_signals))
     except OSError as exc:
         for s, h in old.items():
             signal.signal(s, h)
@@ -129,18 +128,18 @@ def watch_command(cmd: list[str], out: Path | str, *, spec=None, interval_s: flo
                         "Check the command and that it is on PATH.") from None
     child = started[0]
     if got_signal:
-        _signal_group(child.pid, got_signal[0])
+        child.signal_group(got_signal[0])
     tree = _Tree(child.pid)
     try:
-        while child.poll() is None:
+        while child.running():
             tree.sample()
             time.sleep(interval_s)
             if signalled_at and time.perf_counter() - signalled_at[0] > GRACE_S:
-                _signal_group(child.pid, signal.SIGKILL)  # it ignored the signal
+                child.signal_group(signal.SIGKILL)  # it ignored the signal
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        leftovers = _reap_group(child.pid)
+        leftovers = child.teardown()  # whatever the command left running in its group
     wall = time.perf_counter() - t0
     code = child.returncode
     watched = Watched(
@@ -161,36 +160,6 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 def _unblock_signals() -> None:
     """In the child before exec: the signals watch forwards must reach it."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
-
-
-def _signal_group(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signum)
-
-
-def _reap_group(pid: int) -> int:
-    """Terminate whatever the command left in its process group; how many there were."""
-    import psutil
-
-    def alive() -> list:
-        out = []
-        for p in psutil.process_iter(["pid"]):
-            try:
-                if os.getpgid(p.pid) == pid and p.pid != os.getpid():
-                    out.append(p)
-            except (ProcessLookupError, PermissionError, psutil.Error):
-                continue
-        return out
-
-    left = alive()
-    if not left:
-        return 0
-    _signal_group(pid, signal.SIGTERM)
-    _, still = psutil.wait_procs(left, timeout=GRACE_S)
-    if still:
-        _signal_group(pid, signal.SIGKILL)
-        psutil.wait_procs(still, timeout=GRACE_S)
-    return len(left)
 
 
 def _first_step(markers: Path, t0_wall: float) -> Figure | None:

@@ -84,18 +84,20 @@ def verify_trainer_restore(cmd: list[str], out: Path, *, trainer: str = "hf",
 def _run(cmd: list[str], env: dict[str, str], run, role: str) -> str | None:
     """Run the script; None when it exited 0, else why (with its log's last line)."""
     log = run.logs_dir() / f"trainer-restore-{role}.log"
+    from tunepilot.spawn import run_to_end
+
     try:
-        with open(log, "wb") as f:
-            proc = subprocess.run(cmd, env={**os.environ, **env}, stdout=f,
-                                  stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S)
+        with open(log, "wb") as f:  # the script and what it starts die with tunepilot
+            rc, timed_out = run_to_end(cmd, timeout_s=RUN_TIMEOUT_S, env={**os.environ, **env},
+                                       stdout=f, stderr=subprocess.STDOUT, reaper=True)
     except OSError as exc:  # not found, not executable
         raise UserError("CMD", f"{cmd[0]!r} cannot be run ({exc.strerror or exc}).",
                         "Check the command after -- (e.g. python train.py).") from None
-    except subprocess.TimeoutExpired:
+    if timed_out:
         return f"the {role} run took over {RUN_TIMEOUT_S} s"
-    if proc.returncode:
+    if rc:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return f"the {role} run exited with code {proc.returncode}: {tail[0][:300]} (see {log})"
+        return f"the {role} run exited with code {rc}: {tail[0][:300]} (see {log})"
     return None
 
 

@@ -8,9 +8,9 @@ tunepilot ends them; SIGTERM/SIGINT of tunepilot (the CLI raises them as excepti
 teardown below.
 torchrun starts each rank in a session of its own too (torch.distributed.elastic's
 SubprocessHandler uses start_new_session), so killing torchrun's group alone would orphan them.
-We therefore keep a list of torchrun's descendants while it runs (psutil), and tear down by
-SIGTERM to torchrun's group and to each rank's group, a grace period, then SIGKILL to whatever
-is left. torchrun itself already stops every rank when one of them exits with an error; our
+spawn.Spawned (the one way tunepilot starts a process) therefore keeps a list of torchrun's
+descendants while it runs (psutil), and tears down by SIGTERM to torchrun's group and to each
+rank's group, a grace period, then SIGKILL to whatever is left. torchrun itself already stops every rank when one of them exits with an error; our
 timeout covers the case it cannot see: a rank that hangs.
 
 Each rank's stdout and stderr go to files (torchrun --log-dir/--redirects 3/--tee 3):
@@ -20,11 +20,7 @@ and torchrun's own output (with the tee'd rank lines) to LOG_DIR/torchrun.log.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -32,8 +28,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from tunepilot.child import die_with_parent, src_pythonpath
+from tunepilot.child import src_pythonpath
 from tunepilot.errors import TunepilotError
+from tunepilot.spawn import Spawned
 
 TEARDOWN_GRACE_S = 5.0  # SIGTERM -> SIGKILL; torchrun's own default is 30 s
 POLL_INTERVAL_S = 0.2
@@ -170,25 +167,14 @@ def launch(name: str, module: str, module_args: list[str], *, nproc: int, log_di
     launcher_log = log_dir / "torchrun.log"
     full_env = {**src_pythonpath(), "PYTHONUNBUFFERED": "1", **(env or {})}
     t0 = time.monotonic()
-    timed_out = False
     with open(launcher_log, "wb") as out:
         out.write(("$ " + " ".join(cmd) + "\n").encode())
         out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                start_new_session=True,
-                                preexec_fn=functools.partial(die_with_parent,
-                                                             parent_pid=os.getpid()))
-        tracked = _Tree(proc.pid)
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - t0 > timeout_s:
-                    timed_out = True
-                    break
-                tracked.refresh()
-                time.sleep(POLL_INTERVAL_S)
-        finally:
-            # also on KeyboardInterrupt, and after a normal exit: nothing may outlive us
-            tracked.teardown(proc)
+        # torchrun and every rank it starts (ranks live in sessions of their own) are tracked
+        # and torn down whatever happens: done, crashed, timed out, interrupted
+        with Spawned(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                     grace_s=TEARDOWN_GRACE_S) as proc:
+            timed_out = not proc.wait(timeout_s)
     result = LaunchResult(name, cmd, proc.returncode, time.monotonic() - t0, log_dir,
                           launcher_log, _rank_logs(log_dir, nproc))
     if timed_out:
@@ -196,68 +182,6 @@ def launch(name: str, module: str, module_args: list[str], *, nproc: int, log_di
     if proc.returncode != 0:
         raise _failure_error(result)
     return result
-
-
-class _Tree:
-    """torchrun and every descendant seen while it ran (ranks live in sessions of their own)."""
-
-    def __init__(self, pid: int):
-        import psutil
-
-        self._psutil = psutil
-        self.root_pid = pid
-        self.procs: dict[int, object] = {}
-        self.refresh()
-
-    def refresh(self) -> None:
-        try:
-            root = self._psutil.Process(self.root_pid)
-            for child in root.children(recursive=True):
-                self.procs.setdefault(child.pid, child)
-        except self._psutil.Error:
-            pass
-
-    def _alive(self) -> list:
-        out = []
-        for p in self.procs.values():
-            try:
-                if p.is_running() and p.status() != self._psutil.STATUS_ZOMBIE:
-                    out.append(p)
-            except self._psutil.Error:
-                pass
-        return out
-
-    def _signal_groups(self, sig: int, procs: list) -> None:
-        own = os.getpgrp()
-        groups = {self.root_pid}
-        for p in procs:
-            with contextlib.suppress(OSError):
-                groups.add(os.getpgid(p.pid))
-        for g in groups:
-            if g != own:
-                with contextlib.suppress(OSError):
-                    os.killpg(g, sig)
-        for p in procs:  # a process that left its group
-            with contextlib.suppress(self._psutil.Error):
-                p.send_signal(sig)
-
-    def teardown(self, proc: subprocess.Popen) -> None:
-        self.refresh()
-        alive = self._alive()
-        if proc.poll() is None or alive:
-            self._signal_groups(signal.SIGTERM, alive)
-            deadline = time.monotonic() + TEARDOWN_GRACE_S
-            while time.monotonic() < deadline and (proc.poll() is None or self._alive()):
-                time.sleep(POLL_INTERVAL_S)
-            left = self._alive()
-            if proc.poll() is None or left:
-                self._signal_groups(signal.SIGKILL, left)
-        try:
-            proc.wait(timeout=TEARDOWN_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        self._psutil.wait_procs(self._alive(), timeout=TEARDOWN_GRACE_S)
 
 
 def _rank_logs(log_dir: Path, nproc: int) -> list[RankLog]:
