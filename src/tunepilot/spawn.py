@@ -30,14 +30,45 @@ GRACE_S = 5.0
 POLL_S = 0.2
 
 
+LAUNCHERS = ("torch.distributed.run", "torchrun")  # what a rank's parent process runs
+
+
+def die_with_parent(sig: int = signal.SIGKILL, *, parent_pid: int | None = None,
+                    parent_runs: tuple[str, ...] | None = None) -> None:
+    """Linux: this process gets ``sig`` when its parent dies (prctl PR_SET_PDEATHSIG), so a
+    SIGKILL of tunepilot ends torchrun and, through torchrun, every rank; no-op elsewhere.
+    A parent that died before the request was made (a rank still importing torch when
+    tunepilot was killed) is caught too: given ``parent_pid`` or the words ``parent_runs`` its
+    command line holds, a process whose parent is no longer that one ends itself at once.
+    Usable as a Popen preexec_fn (with functools.partial for the keywords)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import contextlib
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    ppid = os.getppid()
+    orphaned = (parent_pid is not None and ppid != parent_pid) or (
+        parent_runs is not None and not any(w in _cmdline(ppid) for w in parent_runs))
+    if orphaned:
+        os.kill(os.getpid(), sig)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 class Spawned:
     """A child process in a session of its own, its descendants tracked, torn down whole."""
 
     def __init__(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, stdout=None,
                  stderr=None, cwd=None, reaper: bool = False, grace_s: float = GRACE_S,
                  preexec: Callable[[], None] | None = None, cleanup: Path | None = None):
-        from tunepilot.child import die_with_parent
-
         self.cmd = [str(c) for c in cmd]
         self.grace_s = grace_s
         parent = os.getpid()

@@ -68,11 +68,6 @@ def fmt_number(value: float | int | None, digits: int = 3) -> str:
     return f"{v:,.{places}f}"
 
 
-def fmt_fraction(value: float | None, places: int = 0) -> str:
-    """0.191 -> '19%'."""
-    return "-" if value is None else f"{value:.{places}%}"
-
-
 # --- bytes -------------------------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from tunepilot.checkpoint.components import MODEL, CheckpointError
 from tunepilot.checkpoint.state import (
     CheckpointInfo,
-    _import_dcp,
+    import_dcp,
     model_and_optimizer_state,
     rank_world,
     snapshot,
@@ -66,7 +66,7 @@ def save_checkpoint_async(path: Path, state: TrainState, stream: DataStream, spe
     if world > 1:
         raise CheckpointError("an asynchronous save runs in one process; a distributed run "
                               "saves with save_checkpoint on every rank.", component=MODEL)
-    _import_dcp()
+    import_dcp()
     with _LOCK:
         previous = _PENDING.get(state.model)
     if previous is not None:  # its staging buffers are about to be reused

@@ -75,10 +75,6 @@ class CheckpointManifest(BaseModel):
                 safe_relative(rel)
         return v
 
-    def files_of(self, component: str, rank: int | None = None) -> list[str]:
-        return [r for r, e in self.files.items() if e.component == component
-                and (rank is None or e.rank == rank)]
-
 
 def digest(body: dict) -> str:
     """SHA-256 of the manifest's canonical JSON without its own digest."""

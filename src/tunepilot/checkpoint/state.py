@@ -141,7 +141,7 @@ def save_checkpoint(path: Path, state: TrainState, stream: DataStream, spec: Run
                     extra: dict | None = None) -> CheckpointInfo:
     """Write the full training state to `path` atomically (every rank calls it when the run is
     distributed); the previous checkpoint there stays loadable until the new one is complete."""
-    _import_dcp()  # not part of the measured time: a run imports it once
+    import_dcp()  # not part of the measured time: a run imports it once
     t0 = time.perf_counter()
     snap = snapshot(state, stream, spec, model_and_optimizer_state(state, spec))
     return write_snapshot(Path(path), snap, extra, t0)
@@ -319,7 +319,7 @@ def load_checkpoint(path: Path, state: TrainState, stream: DataStream, spec: Run
     run calls it. On N' ranks a checkpoint of N ranks is resharded: rank r takes the RNG
     streams of rank r % N, and the data position of the same global sample (the samples every
     rank drew, spread over N' ranks)."""
-    _import_dcp()  # not part of the measured time: a run imports it once
+    import_dcp()  # not part of the measured time: a run imports it once
     t0 = time.perf_counter()
     path = Path(path)
     rank, world = rank_world()
@@ -553,7 +553,7 @@ def _describe(exc: BaseException, where: Path) -> str:
     return f"{first}" + (f" (rank {rank})" if rank is not None else "")
 
 
-def _import_dcp() -> None:
+def import_dcp() -> None:
     import torch.distributed.checkpoint  # noqa: F401
     import torch.distributed.checkpoint.state_dict  # noqa: F401
 

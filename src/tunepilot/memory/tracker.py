@@ -343,9 +343,6 @@ class StorageTracker(TorchDispatchMode):
         if rec.saved == 0 and rec.cat not in MODEL_STATE and rec.ref() is not None:
             self.saved_bytes -= rec.nbytes
 
-    def live_by_category(self) -> dict:
-        return dict(self.by_category)
-
     # --- the pilot's regions and limit -------------------------------------------------------
     def enter(self, region: str) -> None:
         """Start a region (its own peak) and record the live bytes at its start."""

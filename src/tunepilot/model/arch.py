@@ -418,11 +418,6 @@ class ParamCounts:
     norms: int  # every norm in the model, final norm included
     active_per_token: int  # parameters one token passes through (MoE: top-k experts only)
 
-    @property
-    def non_embedding(self) -> int:
-        """total minus embedding and LM head: the count scaling laws use."""
-        return self.total - self.embedding - self.lm_head
-
 
 def param_counts(arch: Arch, moe_layout: MoeLayout | None = None) -> ParamCounts:
     """Count every parameter of ``AutoModelForCausalLM.from_config(cfg)`` without building it."""

@@ -33,7 +33,7 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     from tunepilot.dataset import build_dataset
     from tunepilot.pilot.measurements import Measurements
     from tunepilot.pilot.provenance import collect_provenance
-    from tunepilot.pilot.runner import Session
+    from tunepilot.pilot.session import PilotOutOfMemory, Session
 
     if spec.model.task != "causal-lm":
         raise UserError("model.task", f"{spec.model.task}: tunepilot's own pilot trains causal "
@@ -58,9 +58,7 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
                 run_dir=run_dir)
     problem = plan_fit_problem(pilot_spec, plan, info) if options.check_memory else None
     if problem:
-        from tunepilot.pilot.runner import _DoesNotFit
-
-        s.does_not_fit = _DoesNotFit("memory check before building (plan vs local memory)",
+        s.does_not_fit = PilotOutOfMemory("memory check before building (plan vs local memory)",
                                      RuntimeError(problem), simulated=False)
         log(f"refused before building: {problem}")
         return s

@@ -19,124 +19,31 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from tunepilot.catalog import Catalog, load_catalog
-from tunepilot.dataset import DataInfo, longest_batch, useful_tokens
-from tunepilot.device import DeviceInfo, make_sampler, nvml_used_by_uuid
+from tunepilot.catalog import load_catalog
+from tunepilot.dataset import longest_batch, useful_tokens
+from tunepilot.device import make_sampler, nvml_used_by_uuid
 from tunepilot.errors import UserError
-from tunepilot.memory.tracker import SIMULATED_OOM, StorageTracker, state_tensors
-from tunepilot.model.arch import Arch
-from tunepilot.pilot.measurements import Measurements, ValidationPass
+from tunepilot.memory.tracker import StorageTracker, state_tensors
+from tunepilot.pilot.measurements import ValidationPass
+from tunepilot.pilot.session import (
+    PilotOptions,
+    PilotOutOfMemory,
+    Progress,
+    Session,
+)
 from tunepilot.pilot.stats import StopRule
-from tunepilot.pilot.steps import InstrumentedStep, StepMemory, free_memory
+from tunepilot.pilot.steps import InstrumentedStep, free_memory
 from tunepilot.results.pilot import PilotResult
-from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir, default_run_dir
-from tunepilot.training import Run, build_run, evaluate
+from tunepilot.training import build_run, evaluate
 
-DEFAULT_MAX_STEPS = 100
 WARMUP_STEPS = 2  # step 1 creates the optimizer state; step 2 is the steady state (plan = step 2+)
 
-Progress = Callable[[str, int, int | None], None]
-
-
-@dataclass
-class PilotOptions:
-    """How the pilot runs (the CLI flags)."""
-
-    steps: int | None = None
-    """--steps N: exactly N measured steps; default adaptive."""
-    max_steps: int = DEFAULT_MAX_STEPS
-    memory_limit_bytes: int | None = None
-    """--memory-limit: a simulated device cap on live tensor bytes (torch.OutOfMemoryError)."""
-    find_max_batch: bool = False
-    device: str | None = None
-    """'cpu' forces the CPU; default: the first GPU torch sees, else the CPU."""
-    base_dir: Path | None = None
-    """where relative paths in the spec are resolved (the spec file's directory)."""
-    catalog: Catalog | None = None
-    check_memory: bool = True
-    """refuse, before building anything, a run whose plan exceeds the local device's memory"""
-
-
-class _DoesNotFit(Exception):
-    """Internal: an out-of-memory error with the phase it happened in."""
-
-    def __init__(self, phase: str, exc: BaseException, simulated: bool):
-        super().__init__(str(exc))
-        self.phase, self.error, self.simulated = phase, str(exc).splitlines()[0][:800], simulated
-
-
-@dataclass
-class Session:
-    """One pilot in progress: what it measured (``m``, the typed Measurements that become
-    pilot.json) and what running it needs (the options, the plan, the built run, the probes)."""
-
-    spec: RunSpec
-    m: Measurements
-    options: PilotOptions
-    plan: MemoryPlan
-    log: Callable[[str], None]
-    progress: Progress
-    run_dir: Path
-    data_info: DataInfo | None = None
-    dataset: object = None
-    longest: dict[str, int] | None = None
-    longest_batch: dict | None = None
-    run: Run | None = None
-    params: dict[str, int] | None = None
-    tracker: StorageTracker | None = None
-    step: InstrumentedStep | None = None
-    rule: StopRule | None = None
-    step_memory: StepMemory | None = None
-    tracked_peak_bytes: int | None = None
-    sampler: object = None
-    does_not_fit: _DoesNotFit | None = None
-    search: dict | None = None
-    provenance: dict | None = None
-    tracker_live_at_oom: int | None = None
-
-    @property
-    def pilot_spec(self) -> RunSpec:
-        """The spec the pilot runs (one device, the plan's levers off)."""
-        return self.m.spec
-
-    @property
-    def device(self) -> DeviceInfo:
-        return self.m.device
-
-    @property
-    def arch(self) -> Arch:
-        return self.m.arch
-
-    @property
-    def gpu(self) -> bool:
-        return self.m.gpu
-
-    @property
-    def device_type(self) -> str:
-        """torch's device type: ROCm GPUs are "cuda" to torch too."""
-        return "cuda" if self.gpu else "cpu"
-
-    def sync(self) -> None:
-        if self.gpu:
-            torch.cuda.synchronize()
-
-    @contextlib.contextmanager
-    def oom_guard(self, phase: str) -> Iterator[None]:
-        """Turn an out-of-memory error (the device's or the simulated one) into _DoesNotFit."""
-        try:
-            yield
-        except torch.OutOfMemoryError as exc:
-            if self.tracker is not None:
-                self.tracker_live_at_oom = self.tracker.live_bytes
-            raise _DoesNotFit(phase, exc, SIMULATED_OOM in str(exc)) from None
 
 
 class _RunLog:
@@ -197,7 +104,7 @@ def _execute(s: Session) -> None:
         _warmup(s)
         _measure(s)
         _validate(s)
-    except _DoesNotFit as dnf:
+    except PilotOutOfMemory as dnf:
         # drop the failed step's frames (and the tensors they hold) with the traceback
         dnf.__context__ = dnf.__cause__ = dnf.__traceback__ = None
         s.does_not_fit = dnf

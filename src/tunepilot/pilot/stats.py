@@ -11,6 +11,7 @@ Percentiles interpolate linearly between the closest ranks (numpy's default, ``m
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -37,29 +38,28 @@ def t975(df: int) -> float:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear between the closest ranks."""
+    """The q-th percentile (0..100), linear between the closest ranks (statistics.quantiles'
+    inclusive method, numpy's default)."""
     if not values:
         raise ValueError("percentile of no values")
     if not 0 <= q <= 100:
         raise ValueError(f"percentile {q} is outside 0..100")
+    if len(values) == 1 or q in (0, 100):
+        return min(values) if q == 0 else max(values) if q == 100 else values[0]
+    cuts = statistics.quantiles(values, n=100, method="inclusive")  # q = 1..99
+    return cuts[int(q) - 1] if float(q).is_integer() else _between(values, q)
+
+
+def _between(values: Sequence[float], q: float) -> float:
     xs = sorted(values)
     pos = (len(xs) - 1) * q / 100
     lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def mean(values: Sequence[float]) -> float:
-    return math.fsum(values) / len(values)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
 
 
 def stdev(values: Sequence[float]) -> float:
     """Sample standard deviation (ddof=1); 0 for a single value."""
-    n = len(values)
-    if n < 2:
-        return 0.0
-    m = mean(values)
-    return math.sqrt(math.fsum((x - m) ** 2 for x in values) / (n - 1))
+    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def ci95_half_width(values: Sequence[float]) -> float:
@@ -93,7 +93,7 @@ class Summary:
 def summarize(values: Sequence[float]) -> Summary:
     if not values:
         raise ValueError("no values to summarise")
-    m = mean(values)
+    m = statistics.fmean(values)
     s = stdev(values)
     hw = ci95_half_width(values)
     return Summary(n=len(values), mean=m, std=s, cv=s / m if m else math.inf,
@@ -125,7 +125,7 @@ class StopRule:
         if self.fixed_steps is not None:
             return "fixed" if n >= self.fixed_steps else None
         if n >= max(2, min(self.min_steps, self.max_steps)):
-            m = mean(step_times)
+            m = statistics.fmean(step_times)
             if m > 0 and ci95_half_width(step_times) / m < self.rel_ci:
                 return "converged"
         return "max_steps" if n >= self.max_steps else None

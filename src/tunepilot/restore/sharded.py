@@ -249,7 +249,8 @@ def rank_main(job: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from tunepilot.child import LAUNCHERS, die_with_parent, read_job
+    from tunepilot.child import read_job
+    from tunepilot.spawn import LAUNCHERS, die_with_parent
 
     die_with_parent(parent_runs=LAUNCHERS)
     job = read_job(argv)

@@ -311,7 +311,8 @@ def _report(out: Path, record: RankRecord, rank: int, local_rank: int, world: in
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from tunepilot.child import LAUNCHERS, die_with_parent, read_job
+    from tunepilot.child import read_job
+    from tunepilot.spawn import LAUNCHERS, die_with_parent
 
     die_with_parent(parent_runs=LAUNCHERS)  # torchrun gone (tunepilot killed): this rank goes too
     job = read_job(argv, ScaleJob)
