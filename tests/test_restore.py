@@ -59,11 +59,11 @@ def broken(tmp_path_factory):
         run_dir, original = originals[run]
         mine = tmp_path_factory.mktemp("fresh")
         shutil.copytree(run_dir, mine, dirs_exist_ok=True)  # each fault damages its own copy
-        original = dict(original, checkpoint=original["checkpoint"].replace(str(run_dir),
-                                                                            str(mine)))
+        original = original.model_copy(update={"checkpoint": original.checkpoint.replace(
+            str(run_dir), str(mine))})
         hook = load_hook(fault)
         if hasattr(hook, "after_save"):
-            hook.after_save(Path(original["checkpoint"]))
+            hook.after_save(Path(original.checkpoint))
         return R.verdict(original, R.run_fresh(original, mine, fault), fault)
 
     cases = [(fault, run) for fault, (run, _, _) in FAULTS.items()] + [(None, r) for r in CLEAN]

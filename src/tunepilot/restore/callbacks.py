@@ -15,7 +15,6 @@ aside (the user's save_total_limit may rotate it away). It writes PROOF/ROLE.jso
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -123,9 +122,10 @@ class ProofRecorder:
         self.checkpoint = str(dst)
 
     def write(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        body = {"role": self.role, "save_at": self.save_at, "stop_at": self.stop_at,
-                "first_step": self.first_step, "checkpoint": self.checkpoint,
-                "save_s": self.save_s,
-                "steps": self.steps, "notes": self.notes}
-        (self.dir / f"{self.role}.json").write_text(json.dumps(body, indent=1))
+        from tunepilot.child import write_message
+        from tunepilot.restore.messages import CallbackProof
+
+        write_message(self.dir / f"{self.role}.json", CallbackProof(
+            role=self.role, save_at=self.save_at, stop_at=self.stop_at,
+            first_step=self.first_step, checkpoint=self.checkpoint, save_s=self.save_s,
+            steps=self.steps, notes=self.notes))

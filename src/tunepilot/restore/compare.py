@@ -4,10 +4,13 @@ then step by step, the first failed component being the one to fix."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunepilot.checkpoint import DATA, MODEL, OPTIMIZER, PROGRESS, RNG, SCALER, SCHEDULER
 from tunepilot.results.restore import ComponentCheck, Determinism, StepRecord
+
+if TYPE_CHECKING:
+    from tunepilot.restore.messages import DeterminismReport, ProcessReport
 
 CHECKSUMS, FRESH, BATCHES, LR, LOSS = "checksums", "fresh_process", "batches", "lr", "loss"
 # on a GPU without deterministic kernels, losses may differ by reduction order; beyond this
@@ -38,13 +41,13 @@ def state_checks(a: dict, b: dict, rank: int | None = None) -> list[ComponentChe
     return checks
 
 
-def load_failure(fresh: dict, names: list[str]) -> list[ComponentCheck]:
+def load_failure(fresh: ProcessReport, names: list[str]) -> list[ComponentCheck]:
     """The checks when the fresh process could not load the checkpoint: the cause first."""
-    if "crashed" in fresh:
-        checks = [ComponentCheck(name=FRESH, passed=False, detail=fresh["crashed"])]
+    if fresh.crashed is not None:
+        checks = [ComponentCheck(name=FRESH, passed=False, detail=fresh.crashed)]
         return checks + [ComponentCheck(name=n, passed=False, detail="not checked: the fresh "
                                         "process failed") for n in names]
-    err = fresh["error"]
+    err = fresh.error or {}
     culprit = err.get("component") or CHECKSUMS
     problems = err.get("problems") or []
     checks = []
@@ -180,8 +183,8 @@ def compare_steps(ref: list[StepRecord], got: list[StepRecord], rtol: float | No
     return checks, first, max_diff
 
 
-def determinism(*reports: dict | None) -> Determinism:
-    ops = sorted({op for r in reports if r for op in r.get("nondeterministic_ops", [])})
+def determinism(*reports: DeterminismReport | None) -> Determinism:
+    ops = sorted({op for r in reports if r for op in r.nondeterministic_ops})
     return Determinism(requested=True, held=not ops, nondeterministic_ops=ops)
 
 

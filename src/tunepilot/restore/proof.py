@@ -22,6 +22,7 @@ from tunepilot.checkpoint import CheckpointInfo, save_checkpoint
 from tunepilot.child import ChildFailed, run_child
 from tunepilot.errors import UserError
 from tunepilot.restore import compare as cmp
+from tunepilot.restore.messages import DeterminismReport, FreshJob, ProcessReport
 from tunepilot.restore.worker import (
     build,
     deterministic,
@@ -31,7 +32,7 @@ from tunepilot.restore.worker import (
     train,
 )
 from tunepilot.results.figure import Figure
-from tunepilot.results.restore import CheckpointRef, ComponentCheck, RestoreResult, StepRecord
+from tunepilot.results.restore import CheckpointRef, ComponentCheck, RestoreResult
 from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir
 
@@ -70,10 +71,10 @@ def verify_restore(spec: RunSpec, steps_before: int = DEFAULT_STEPS_BEFORE,
     say(f"original: build the model, train {steps_before} steps, save, train {steps_after} more")
     original = run_original(spec, steps_before, steps_after, run.path, base_dir,
                             info.torch_device)
-    original["device_info"] = dict(info.summary(), torch_device=info.torch_device)
+    original.device_info = dict(info.summary(), torch_device=info.torch_device)
     h = load_hook(hook)
     if hasattr(h, "after_save"):
-        h.after_save(Path(original["checkpoint"]))
+        h.after_save(Path(original.checkpoint))
     say(f"fresh process: load the checkpoint, train the same {steps_after} steps")
     result = verdict(original, run_fresh(original, run.path, hook), hook)
     run.write(result, spec_hash)
@@ -95,7 +96,7 @@ def _check_memory(spec: RunSpec, info, base_dir: Path | None) -> None:
 
 
 def run_original(spec: RunSpec, steps_before: int, steps_after: int, run_path: Path,
-                 base_dir: Path | None, device: str) -> dict:
+                 base_dir: Path | None, device: str) -> ProcessReport:
     """Train K steps, digest, save, train M steps; everything the fresh process must match."""
     import torch
 
@@ -108,29 +109,32 @@ def run_original(spec: RunSpec, steps_before: int, steps_after: int, run_path: P
         digest = state_digest(state, stream, spec)
         info = save_checkpoint(ckpt, state, stream, spec, extra={"purpose": "restore proof"})
         steps = train(state, stream, spec, steps_after)
-    return {"spec": spec.model_dump(mode="json"), "spec_hash": spec.spec_hash(),
-            "base_dir": str(base_dir) if base_dir is not None else None, "device": device,
-            "threads": torch.get_num_threads(), "total_steps": total_steps,
-            "steps_before": steps_before, "steps_after": steps_after,
-            "checkpoint": str(ckpt), "save": info.to_dict(), "digest": digest,
-            "steps": [s.model_dump() for s in steps], "deterministic": det}
+    return ProcessReport(
+        spec=spec.model_dump(mode="json"), spec_hash=spec.spec_hash(),
+        base_dir=str(base_dir) if base_dir is not None else None, device=device,
+        threads=torch.get_num_threads(), total_steps=total_steps, steps_before=steps_before,
+        steps_after=steps_after, checkpoint=str(ckpt), save=info.to_dict(), digest=digest,
+        steps=steps, deterministic=DeterminismReport(**det))
 
 
-def run_fresh(original: dict, run_path: Path, hook: str | None) -> dict:
+def run_fresh(original: ProcessReport, run_path: Path, hook: str | None) -> ProcessReport:
     """Run the fresh process on the original's checkpoint; its report (or why it failed)."""
     logs = RunDir(run_path).logs_dir()
-    job = {k: original[k] for k in ("spec", "spec_hash", "base_dir", "device", "threads",
-                                     "total_steps", "steps_after", "checkpoint")}
-    job["hook"] = hook
+    job = FreshJob(spec=original.spec, spec_hash=original.spec_hash, base_dir=original.base_dir,
+                   device=original.device, threads=original.threads,
+                   total_steps=original.total_steps, steps_after=original.steps_after,
+                   checkpoint=original.checkpoint, hook=hook)
     env = {}
-    if original["device"].startswith("cuda"):
+    if original.device.startswith("cuda"):
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS
     try:
-        return run_child("tunepilot.restore.worker", job, timeout_s=WORKER_TIMEOUT_S,
-                         what="the fresh process", env=_env(env),
-                         log_path=logs / "restore-fresh.log")
+        got = run_child("tunepilot.restore.worker", job.model_dump(mode="json"),
+                        timeout_s=WORKER_TIMEOUT_S, what="the fresh process", env=_env(env),
+                        log_path=logs / "restore-fresh.log")
     except ChildFailed as exc:
-        return {"crashed": exc.reason}
+        return ProcessReport(crashed=exc.reason)
+    got.pop("status", None)
+    return ProcessReport.model_validate(got)
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
@@ -139,13 +143,13 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, **extra}
 
 
-def verdict(original: dict, fresh: dict, hook: str | None) -> RestoreResult:
+def verdict(original: ProcessReport, fresh: ProcessReport, hook: str | None) -> RestoreResult:
     """The typed result of one proof from what both processes reported."""
-    save = CheckpointInfo(**original["save"])
-    ref = [StepRecord(**s) for s in original["steps"]]
-    base = dict(steps_before=original["steps_before"], steps_after=original["steps_after"],
-                device=original.get("device_info") or {"torch_device": original["device"]},
-                checkpoint=CheckpointRef(path=original["checkpoint"], kind=save.kind,
+    save = CheckpointInfo(**original.save)
+    ref = original.steps
+    base = dict(steps_before=original.steps_before, steps_after=original.steps_after,
+                device=original.device_info or {"torch_device": original.device},
+                checkpoint=CheckpointRef(path=original.checkpoint, kind=save.kind,
                                          files=len(save.files), step=save.step,
                                          world_size=save.world_size),
                 save_s=Figure.measured(save.seconds, "s",
@@ -153,22 +157,22 @@ def verdict(original: dict, fresh: dict, hook: str | None) -> RestoreResult:
                 checkpoint_bytes=Figure.measured(save.bytes, "bytes", kind=save.kind),
                 save_bytes_per_s=Figure.measured(save.bytes / save.seconds if save.seconds
                                                  else None, "B/s"), hook=hook)
-    names = cmp.component_names(original["digest"].get("grad_scaler") is not None)
-    if "crashed" in fresh or "error" in fresh:
+    names = cmp.component_names(original.digest.get("grad_scaler") is not None)
+    if fresh.failed:
         return RestoreResult(passed=False, components=cmp.load_failure(fresh, names),
-                             deterministic=cmp.determinism(original["deterministic"]),
+                             deterministic=cmp.determinism(original.deterministic),
                              steps={"original": ref}, **base)
     checks = [ComponentCheck(name=cmp.CHECKSUMS, passed=True,
                              detail=f"{len(save.files)} files, {save.bytes:,} bytes: every "
                                     "SHA-256 matches the manifest")]
-    checks += cmp.state_checks(original["digest"], fresh["digest"])
-    got = [StepRecord(**s) for s in fresh["steps"]]
-    det = cmp.determinism(original["deterministic"], fresh["deterministic"])
-    gpu = original["device"].startswith("cuda") and not det.held
+    checks += cmp.state_checks(original.digest, fresh.digest)
+    got = fresh.steps
+    det = cmp.determinism(original.deterministic, fresh.deterministic)
+    gpu = original.device.startswith("cuda") and not det.held
     traj, divergence, max_diff = cmp.compare_steps(
         ref, got, cmp.GPU_LOSS_RTOL if gpu else None,
         "GPU, deterministic mode not possible")
-    load_s = fresh["load"]["seconds"]
+    load_s = fresh.load_s
     return RestoreResult(
         passed=all(c.passed for c in checks + traj), components=checks + traj,
         first_divergence=divergence, deterministic=det,

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from tunepilot.errors import UserError
+from tunepilot.restore.messages import ProcessReport, ShardedJob
 from tunepilot.results.figure import Figure
 from tunepilot.results.restore import (
     CheckpointRef,
@@ -41,7 +42,7 @@ def verify_sharded_restore(spec: RunSpec, nproc: int, steps_before: int, steps_a
                            base_dir: Path | None = None, progress=None,
                            device: str | None = None) -> RestoreResult:
     """Save on ``nproc`` ranks, resume on ``resume_nproc`` (default the same); restore.json."""
-    from tunepilot.child import write_job
+    from tunepilot.child import write_message
     from tunepilot.restore.proof import check_steps
     from tunepilot.scaling.launch import launch
     from tunepilot.store import RunDir
@@ -57,11 +58,8 @@ def verify_sharded_restore(spec: RunSpec, nproc: int, steps_before: int, steps_a
     kind = device or _device_kind(nproc, resume)
     ckpt = run.path / spec.checkpoint.dir / f"restore-sharded-step-{steps_before:06d}"
     work = run.path / "restore-sharded"
-    base = {"spec": spec.model_dump(mode="json"), "spec_hash": spec_hash, "strategy": strategy,
-            "base_dir": str(base_dir) if base_dir is not None else None, "device": kind,
-            "threads": max(1, (os.cpu_count() or 2) // max(nproc, resume)),
-            "steps_before": steps_before, "steps_after": steps_after, "checkpoint": str(ckpt)}
-    env = {"OMP_NUM_THREADS": str(base["threads"])} if kind == "cpu" else {
+    threads = max(1, (os.cpu_count() or 2) // max(nproc, resume))
+    env = {"OMP_NUM_THREADS": str(threads)} if kind == "cpu" else {
         "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     records = {}
     for role, n in (("original", nproc), ("fresh", resume)):
@@ -69,8 +67,12 @@ def verify_sharded_restore(spec: RunSpec, nproc: int, steps_before: int, steps_a
         out = work / role
         accumulation = spec.gradient_accumulation_steps if role == "original" else \
             resume_accumulation
-        job = write_job(work / f"{role}.job.json", {**base, "role": role, "out": str(out),
-                                                    "accumulation": accumulation})
+        job = write_message(work / f"{role}.job.json", ShardedJob(
+            spec=spec.model_dump(mode="json"), role="original" if role == "original" else
+            "resumed", strategy=strategy, device=kind, threads=threads,
+            steps_before=steps_before, steps_after=steps_after, accumulation=accumulation,
+            checkpoint=str(ckpt), out=str(out),
+            base_dir=str(base_dir) if base_dir is not None else None))
         launch(f"restore {role}", "tunepilot.restore.sharded", [str(job)], nproc=n,
                log_dir=run.logs_dir() / f"restore-{role}", timeout_s=LAUNCH_TIMEOUT_S, env=env)
         records[role] = _read(out, n)
@@ -102,22 +104,21 @@ def _check_batch(spec: RunSpec, nproc: int, resume: int) -> int:
     return per_step // resume
 
 
-def _read(out: Path, n: int) -> list[dict]:
-    from tunepilot.store import read_json
+def _read(out: Path, n: int) -> list[ProcessReport]:
+    from tunepilot.child import read_message
 
-    return [read_json(out / f"rank{r}.json") for r in range(n)]
+    return [read_message(ProcessReport, out / f"rank{r}.json") for r in range(n)]
 
 
 # --- the verdict ---------------------------------------------------------------------------
-def _verdict(orig: list[dict], fresh: list[dict], nproc: int, resume: int, ckpt: Path,
-             kind: str) -> RestoreResult:
+def _verdict(orig: list[ProcessReport], fresh: list[ProcessReport], nproc: int, resume: int,
+             ckpt: Path, kind: str) -> RestoreResult:
     from tunepilot.checkpoint import CheckpointInfo
     from tunepilot.restore import compare as cmp
 
-    save = CheckpointInfo(**orig[0]["save"])
-    load_s = max(r["load"]["seconds"] for r in fresh if "load" in r) if all(
-        "load" in r for r in fresh) else None
-    base = dict(steps_before=orig[0]["steps_before"], steps_after=orig[0]["steps_after"],
+    save = CheckpointInfo(**orig[0].save)
+    load_s = max(r.load_s for r in fresh) if all(r.load is not None for r in fresh) else None
+    base = dict(steps_before=orig[0].steps_before, steps_after=orig[0].steps_after,
                 device={"kind": kind, "ranks": nproc},
                 checkpoint=CheckpointRef(path=str(ckpt), kind=save.kind, files=len(save.files),
                                          step=save.step, world_size=save.world_size),
@@ -127,9 +128,9 @@ def _verdict(orig: list[dict], fresh: list[dict], nproc: int, resume: int, ckpt:
                 save_bytes_per_s=Figure.measured(save.bytes / save.seconds if save.seconds
                                                  else None, "B/s"),
                 nproc=nproc, resume_nproc=resume if resume != nproc else None)
-    errors = [r for r in fresh if "error" in r]
+    errors = [r for r in fresh if r.failed]
     if errors:
-        names = cmp.component_names(orig[0]["digest"].get("grad_scaler") is not None)
+        names = cmp.component_names(orig[0].digest.get("grad_scaler") is not None)
         return RestoreResult(passed=False, components=cmp.load_failure(errors[0], names),
                              **base)
     checks = [ComponentCheck(name=cmp.CHECKSUMS, passed=True,
@@ -138,9 +139,8 @@ def _verdict(orig: list[dict], fresh: list[dict], nproc: int, resume: int, ckpt:
     if resume == nproc:
         traj_ref, traj_got, max_diff, divergence = [], [], 0.0, None
         for r in range(nproc):
-            checks += cmp.state_checks(orig[r]["digest"], fresh[r]["digest"], rank=r)
-            ref = [StepRecord(**s) for s in orig[r]["steps"]]
-            got = [StepRecord(**s) for s in fresh[r]["steps"]]
+            checks += cmp.state_checks(orig[r].digest, fresh[r].digest, rank=r)
+            ref, got = orig[r].steps, fresh[r].steps
             gpu = kind == "cuda"
             traj, div, diff = cmp.compare_steps(ref, got, cmp.GPU_LOSS_RTOL if gpu else None,
                                                 "GPU, deterministic mode not possible")
@@ -154,7 +154,7 @@ def _verdict(orig: list[dict], fresh: list[dict], nproc: int, resume: int, ckpt:
         tolerance = "bit-exact per rank" if kind == "cpu" else \
             f"loss within rtol {cmp.GPU_LOSS_RTOL:g} per rank (GPU)"
     else:
-        a, b = orig[0]["digest"], fresh[0]["digest"]
+        a, b = orig[0].digest, fresh[0].digest
         checks.append(cmp._scheduler(a[cmp.SCHEDULER], b[cmp.SCHEDULER], None))
         checks.append(cmp._plain(cmp.PROGRESS, a[cmp.PROGRESS]["step"],
                                  b[cmp.PROGRESS]["step"], "optimizer step", None))
@@ -181,67 +181,67 @@ def _verdict(orig: list[dict], fresh: list[dict], nproc: int, resume: int, ckpt:
         steps=Trajectories(original=traj_ref, restored=traj_got), tolerance=tolerance, **base)
 
 
-def _global(records: list[dict]) -> list[StepRecord]:
+def _global(records: list[ProcessReport]) -> list[StepRecord]:
     """Rank 0's steps with the global loss (every rank's share summed) in place of its own."""
-    out = []
     r0 = records[0]
-    for s, g, u in zip(r0["steps"], r0["global_losses"], r0["global_useful_tokens"],
-                       strict=True):
-        out.append(StepRecord(**{**s, "loss": g, "loss_bits": float(g).hex(),
-                                 "fingerprints": [], "useful_tokens": u}))
-    return out
+    return [s.model_copy(update={"loss": g, "loss_bits": float(g).hex(), "fingerprints": [],
+                                 "useful_tokens": u})
+            for s, g, u in zip(r0.steps, r0.global_losses or [], r0.global_useful_tokens or [],
+                               strict=True)]
 
 
 # --- one rank ------------------------------------------------------------------------------
-def rank_main(job: dict) -> dict:
+def rank_main(job: ShardedJob) -> ProcessReport:
     import torch
     import torch.distributed as dist
 
     from tunepilot.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from tunepilot.child import write_message
+    from tunepilot.restore.messages import DeterminismReport
     from tunepilot.restore.worker import deterministic, seed_everything, state_digest, train
     from tunepilot.scaling.worker import init_group, wrap
-    from tunepilot.store import write_json
     from tunepilot.training import build_run
 
-    rank, _, device = init_group(job["device"], job.get("threads", 1))
+    rank, _, device = init_group(job.device, job.threads)
     world = dist.get_world_size()
-    spec = RunSpec.model_validate(job["spec"])
-    k, m = job["steps_before"], job["steps_after"]
-    record: dict = {"rank": rank, "world_size": world, "steps_before": k, "steps_after": m}
+    spec = RunSpec.model_validate(job.spec)
+    k, m = job.steps_before, job.steps_after
+    record = ProcessReport(rank=rank, world_size=world, steps_before=k, steps_after=m)
+    out = Path(job.out) / f"rank{rank}.json"
     with deterministic(str(device)) as det:
         seed_everything(spec.seed)
         run = build_run(spec, device, total_steps=k + m,
-                        base_dir=Path(job["base_dir"]) if job.get("base_dir") else None,
+                        base_dir=Path(job.base_dir) if job.base_dir else None,
                         rank=rank, world_size=world,
-                        prepare=lambda mod: wrap(mod, job["strategy"], spec, device, None))
+                        prepare=lambda mod: wrap(mod, job.strategy, spec, device, None))
         state, stream = run.state, run.stream
-        if job["role"] == "original":
-            train(state, stream, spec, k, accumulation=job["accumulation"])
-            record["digest"] = state_digest(state, stream, spec)
-            info = save_checkpoint(Path(job["checkpoint"]), state, stream, spec,
+        if job.role == "original":
+            train(state, stream, spec, k, accumulation=job.accumulation)
+            record.digest = state_digest(state, stream, spec)
+            info = save_checkpoint(Path(job.checkpoint), state, stream, spec,
                                    extra={"purpose": "sharded restore proof"})
-            record["save"] = info.to_dict()
+            record.save = info.to_dict()
         else:
             try:
-                info = load_checkpoint(Path(job["checkpoint"]), state, stream, spec)
+                info = load_checkpoint(Path(job.checkpoint), state, stream, spec)
             except CheckpointError as exc:
-                record["error"] = exc.to_dict()
-                write_json(Path(job["out"]) / f"rank{rank}.json", record)
+                record.error = exc.to_dict()
+                write_message(out, record)
                 dist.destroy_process_group()
                 return record
-            record["load"] = info.to_dict()
-            record["digest"] = state_digest(state, stream, spec)
-        steps = train(state, stream, spec, m, accumulation=job["accumulation"])
+            record.load = info.to_dict()
+            record.digest = state_digest(state, stream, spec)
+        steps = train(state, stream, spec, m, accumulation=job.accumulation)
     losses = torch.tensor([s.loss for s in steps], dtype=torch.float64, device=device)
     useful = torch.tensor([s.useful_tokens for s in steps], dtype=torch.int64, device=device)
     if world > 1:
         dist.all_reduce(losses)  # SUM: each rank's loss is its share of the global mean
         dist.all_reduce(useful)
-    record["global_useful_tokens"] = [int(x) for x in useful.tolist()]
-    record["steps"] = [s.model_dump() for s in steps]
-    record["global_losses"] = [float(x) / world for x in losses.tolist()]
-    record["deterministic"] = det
-    write_json(Path(job["out"]) / f"rank{rank}.json", record)
+    record.global_useful_tokens = [int(x) for x in useful.tolist()]
+    record.steps = steps
+    record.global_losses = [float(x) / world for x in losses.tolist()]
+    record.deterministic = DeterminismReport(**det)
+    write_message(out, record)
     dist.destroy_process_group()
     return record
 
@@ -253,10 +253,16 @@ def main(argv: list[str] | None = None) -> int:
     from tunepilot.spawn import LAUNCHERS, die_with_parent
 
     die_with_parent(parent_runs=LAUNCHERS)
-    job = read_job(argv)
+    job = read_job(argv, ShardedJob)
     record(rank_main)(job)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every record is on disk and the process group destroyed: skip the interpreter's teardown,
+    # where gloo's C++ worker threads can abort the process after the work is done (as in
+    # tunepilot.scaling.worker; seen here on a loaded 2-core machine)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -21,6 +21,7 @@ from pathlib import Path
 from tunepilot.errors import UserError
 from tunepilot.restore import callbacks as pf
 from tunepilot.restore import compare as cmp
+from tunepilot.restore.messages import CallbackProof
 from tunepilot.results.figure import Figure
 from tunepilot.results.restore import (
     CheckpointRef,
@@ -37,8 +38,9 @@ RUN_TIMEOUT_S = 3600
 def verify_trainer_restore(cmd: list[str], out: Path, *, trainer: str = "hf",
                            steps_before: int = 4, steps_after: int = 4,
                            progress=None) -> RestoreResult:
+    from tunepilot.child import read_message
     from tunepilot.restore.proof import check_steps
-    from tunepilot.store import RunDir, read_json
+    from tunepilot.store import RunDir
 
     say = progress or (lambda msg: None)
     check_steps(steps_before, steps_after)
@@ -65,19 +67,19 @@ def verify_trainer_restore(cmd: list[str], out: Path, *, trainer: str = "hf",
         return _failed(run, base, "callback", "the script ran without TunepilotCallback: add "
                        f"callbacks=[TunepilotCallback()] (tunepilot.integrations.{trainer}) to "
                        "its Trainer")
-    ref = read_json(ref_file)
-    if not ref.get("checkpoint") or len(ref["steps"]) < total:
-        return _failed(run, base, "reference_run", f"the reference ran {len(ref['steps'])} "
-                       f"steps and saved {'no checkpoint' if not ref.get('checkpoint') else ''}"
+    ref = read_message(CallbackProof, ref_file)
+    if not ref.checkpoint or len(ref.steps) < total:
+        return _failed(run, base, "reference_run", f"the reference ran {len(ref.steps)} "
+                       f"steps and saved {'no checkpoint' if not ref.checkpoint else ''}"
                        f" - it needs max_steps >= {total}")
-    ck = Path(ref["checkpoint"])
+    ck = Path(ref.checkpoint)
     problems = _checkpoint_checks(ck) if trainer == "hf" else _lightning_checks(ck)
     say(f"resumed: a fresh process from {ck.name}")
     failed = _run(cmd, {**env, pf.ROLE_ENV: "resumed", pf.PROOF_CHECKPOINT_ENV: str(ck)}, run,
                   "resumed")
     if failed:
         return _failed(run, base, "fresh_process", failed, problems)
-    got = read_json(proof_dir / "resumed.json")
+    got = read_message(CallbackProof, proof_dir / "resumed.json")
     return _verdict(run, base, ref, got, ck, problems, k, trainer)
 
 
@@ -146,21 +148,20 @@ def _lightning_checks(ck: Path) -> list[ComponentCheck]:
                           "model, optimizer, schedulers and loop progress present") + note))]
 
 
-def _records(body: dict, first: int) -> list[StepRecord]:
-    return [StepRecord(step=s["step"], loss=s["loss"] or 0.0, loss_bits=s["loss_bits"] or "",
-                       lr=s["lr"] or 0.0, lr_bits=s["lr_bits"] or "",
-                       fingerprints=s["fingerprints"])
-            for s in body["steps"] if s["step"] > first]
+def _records(body: CallbackProof, first: int) -> list[StepRecord]:
+    return [StepRecord(step=s.step, loss=s.loss or 0.0, loss_bits=s.loss_bits or "",
+                       lr=s.lr or 0.0, lr_bits=s.lr_bits or "", fingerprints=s.fingerprints)
+            for s in body.steps if s.step > first]
 
 
-def _verdict(run, base: dict, ref: dict, got: dict, ck: Path, problems: list[ComponentCheck],
+def _verdict(run, base: dict, ref: CallbackProof, got: CallbackProof, ck: Path, problems: list[ComponentCheck],
              k: int, trainer: str = "hf") -> RestoreResult:
     checks = list(problems)
-    if got.get("first_step") != k + 1:
+    if got.first_step != k + 1:
         how = ("trainer.train(resume_from_checkpoint=resume_from())" if trainer == "hf" else
                "trainer.fit(..., ckpt_path=resume_from())")
         checks.append(ComponentCheck(name=cmp.PROGRESS, passed=False, detail=(
-            f"the fresh process started at step {got.get('first_step')}, not {k + 1}: pass "
+            f"the fresh process started at step {got.first_step}, not {k + 1}: pass "
             f"{how}")))
     else:
         checks.append(ComponentCheck(name=cmp.PROGRESS, passed=True,
@@ -195,8 +196,8 @@ def _verdict(run, base: dict, ref: dict, got: dict, ck: Path, problems: list[Com
                                  files=len(_files(ck)), step=k),
         checkpoint_bytes=Figure.measured(sum(p.stat().st_size for p in _files(ck)), "bytes"),
         loss_max_abs_diff=Figure.measured(max_diff, "nats/token"),
-        save_s=(Figure.measured(ref["save_s"], "s", what="the trainer's own checkpoint save, "
-                                "in the reference run") if ref.get("save_s") is not None else
+        save_s=(Figure.measured(ref.save_s, "s", what="the trainer's own checkpoint save, "
+                                "in the reference run") if ref.save_s is not None else
                 Figure.missing("s", "the save was not timed")),
         load_s=Figure.missing("s", "the trainer loads it inside the script (not timed "
                               "apart from its start-up)"),

@@ -165,31 +165,35 @@ def load_hook(ref: str | None):
     return load_object(ref)
 
 
-def resume(job: dict) -> dict:
-    """The fresh process: build, load (verified), digest, train M steps."""
-    spec = RunSpec.model_validate(job["spec"])
-    if spec.spec_hash() != job["spec_hash"]:
-        return {"error": {"component": "fresh_process", "message": "the spec did not survive "
-                          "the trip to the fresh process (spec hash differs)"}}
+def resume(raw: dict) -> dict:
+    """The fresh process: build, load (verified), digest, train M steps; a ProcessReport."""
+    from tunepilot.restore.messages import DeterminismReport, FreshJob, ProcessReport
+
+    job = FreshJob.model_validate(raw)
+    spec = RunSpec.model_validate(job.spec)
+    if spec.spec_hash() != job.spec_hash:
+        return ProcessReport(error={"component": "fresh_process", "message": "the spec did not "
+                                    "survive the trip to the fresh process (spec hash "
+                                    "differs)"}).model_dump(mode="json")
     import torch
 
-    torch.set_num_threads(int(job["threads"]))
-    base_dir = Path(job["base_dir"]) if job["base_dir"] else None
-    hook = load_hook(job.get("hook"))
-    with deterministic(job["device"]) as det:
+    torch.set_num_threads(job.threads)
+    base_dir = Path(job.base_dir) if job.base_dir else None
+    hook = load_hook(job.hook)
+    with deterministic(job.device) as det:
         seed_everything(spec.seed)
-        state, stream = build(spec, job["total_steps"], base_dir, job["device"])
+        state, stream = build(spec, job.total_steps, base_dir, job.device)
         before = hook.before_load(state, stream) if hasattr(hook, "before_load") else None
         try:
-            info = load_checkpoint(Path(job["checkpoint"]), state, stream, spec)
+            info = load_checkpoint(Path(job.checkpoint), state, stream, spec)
         except CheckpointError as exc:
-            return {"error": exc.to_dict()}
+            return ProcessReport(error=exc.to_dict()).model_dump(mode="json")
         if hasattr(hook, "after_load"):
             hook.after_load(state, stream, before)
         digest = state_digest(state, stream, spec)
-        steps = train(state, stream, spec, job["steps_after"])
-    return {"load": info.to_dict(), "digest": digest,
-            "steps": [s.model_dump() for s in steps], "deterministic": det}
+        steps = train(state, stream, spec, job.steps_after)
+    return ProcessReport(load=info.to_dict(), digest=digest, steps=steps,
+                         deterministic=DeterminismReport(**det)).model_dump(mode="json")
 
 
 if __name__ == "__main__":
