@@ -27,9 +27,12 @@ from tunepilot.results.scale import (
     BatchPlan,
     Distribution,
     LaunchSummary,
+    NodeFacts,
+    PreflightResult,
     Recommendation,
     ScalingResult,
     StrategyResult,
+    TopologyFacts,
 )
 from tunepilot.spec import load_spec
 from tunepilot.store import RunDir
@@ -85,7 +88,9 @@ def _scaling(spec, strategies: dict) -> ScalingResult:
         warmup_steps=0, global_batch=BatchPlan(global_batch_samples=4, world_size=2,
                                                micro_batch_size=1, accumulation=2,
                                                baseline_accumulation=4, sequence_length=128),
-        preflight={}, baseline=base, recommendation=Recommendation(strategy="ddp", reason="-"),
+        preflight=PreflightResult(nproc=2, nnodes=1, node=NodeFacts(kind="cuda", device_count=2),
+                                  topology=TopologyFacts(source="none"), ranks=[]),
+        baseline=base, recommendation=Recommendation(strategy="ddp", reason="-"),
         strategies={k: StrategyResult(status="ok", world_size=v["nproc"], **v)
                     for k, v in strategies["strategies"].items()})
 

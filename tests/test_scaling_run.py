@@ -117,8 +117,8 @@ def test_loss_agrees_between_1_and_2_ranks(scaled):
 def test_preflight_measured_bus_bandwidth_in_a_real_launch(scaled):
     _, _, result, _ = scaled
     pre = result.preflight
-    assert pre["collective"]["library"] == "gloo" and pre["threads_per_rank"] >= 1
-    rows = pre["bus_bandwidth"]["rows"]
+    assert pre.collective["library"] == "gloo" and pre.threads_per_rank >= 1
+    rows = pre.bus_bandwidth["rows"]
     assert {(r["op"], r["size_bytes"]) for r in rows} == {
         (op, s) for op in ("all_reduce", "all_gather") for s in (2**20, 4 * 2**20)}
     for r in rows:

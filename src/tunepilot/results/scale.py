@@ -89,6 +89,76 @@ class StrategyResult(Model):
     note: str | None = None
 
 
+class NodeFacts(Model):
+    """preflight.node: what this node offers the ranks (cpulists as text, '0-15,32-47')."""
+
+    kind: str
+    device_count: int
+    device_names: list[str] = Field(default_factory=list)
+    card_id: str | None = None
+    usable_cpus: str = ""
+    numa_cpus: dict[str, str] = Field(default_factory=dict)
+    device_pci: list[str | None] = Field(default_factory=list)
+    device_numa: list[int | None] = Field(default_factory=list)
+    device_local_cpus: list[str] = Field(default_factory=list)
+    topo_index: list[int | None] = Field(default_factory=list)
+    p2p: dict[str, bool] = Field(default_factory=dict)
+    collective: dict[str, Any] = Field(default_factory=dict)
+    torch_version: str = ""
+    notes: list[str] = Field(default_factory=list)
+    backend: str = ""
+
+
+class TopologyFacts(Model):
+    source: str
+    devices: list[str] = Field(default_factory=list)
+    links: dict[str, str] = Field(default_factory=dict)
+    cpu_affinity: dict[str, str] = Field(default_factory=dict)
+    numa_node: dict[str, int | None] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+
+
+class RankPlacement(Model):
+    """Where one local rank runs: its device, the CPUs near it, the CPUs it may run on."""
+
+    local_rank: int
+    device: str
+    placement: str
+    may_run_on_cpus: str = ""
+    may_run_on_numa_nodes: list[int] = Field(default_factory=list)
+    threads: int | None = None
+    name: str | None = None
+    pci: str | None = None
+    topology_gpu: int | None = None
+    numa_node: int | None = None
+    near_cpus: str | None = None
+    note: str | None = None
+
+
+class PreflightWarning(Model):
+    code: str
+    message: str
+
+
+class PreflightResult(Model):
+    """The preflight's findings: the node, its topology, each rank's placement, the collective
+    library, the bus bandwidth measured (or why not) against the catalog link."""
+
+    nproc: int
+    nnodes: int
+    node: NodeFacts
+    threads_per_rank: int | None = None
+    topology: TopologyFacts
+    ranks: list[RankPlacement]
+    collective: dict[str, Any] = Field(default_factory=dict)
+    bus_bandwidth: dict[str, Any] = Field(default_factory=dict)
+    """the all-reduce/all-gather benchmark's rows, or {"unavailable": why}"""
+    link: dict[str, Any] = Field(default_factory=dict)
+    """the catalog link of the card and the measured busbw's share of it, or why not"""
+    warnings: list[PreflightWarning] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class Recommendation(Model):
     strategy: str | None
     reason: str
@@ -104,7 +174,7 @@ class ScalingResult(StageResult):
     steps: int
     warmup_steps: int
     global_batch: BatchPlan
-    preflight: dict[str, Any]
+    preflight: PreflightResult
     baseline: LaunchSummary
     strategies: dict[str, StrategyResult]
     recommendation: Recommendation

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tunepilot.errors import UserError
+from tunepilot.results.scale import PreflightResult
 from tunepilot.scaling.topology import (
     Topology,
     format_cpulist,
@@ -100,11 +101,16 @@ class Preflight:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"nproc": self.nproc, "nnodes": self.nnodes, "node": self.node.to_dict(),
-                "threads_per_rank": self.threads_per_rank, "topology": self.topology.to_dict(),
-                "ranks": self.ranks, "collective": self.node.collective,
-                "bus_bandwidth": self.bus_bandwidth, "link": self.link,
-                "warnings": self.warnings, "notes": self.notes}
+        return self.result().model_dump(mode="json")
+
+    def result(self) -> PreflightResult:
+        """The typed findings scale.json keeps."""
+        return PreflightResult.model_validate({
+            "nproc": self.nproc, "nnodes": self.nnodes, "node": self.node.to_dict(),
+            "threads_per_rank": self.threads_per_rank, "topology": self.topology.to_dict(),
+            "ranks": self.ranks, "collective": self.node.collective,
+            "bus_bandwidth": self.bus_bandwidth, "link": self.link,
+            "warnings": self.warnings, "notes": self.notes})
 
 
 # --- probing -----------------------------------------------------------------------------------

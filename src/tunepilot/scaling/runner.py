@@ -117,7 +117,7 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
     result = ScalingResult(
         label=spec.label, nproc=nproc, nnodes=rdzv.nnodes, world_size=world,
         device=pre.node.kind, steps=steps, warmup_steps=warmup_steps, global_batch=batches,
-        preflight=pre.to_dict(), baseline=baseline, strategies=results,
+        preflight=pre.result(), baseline=baseline, strategies=results,
         recommendation=recommend(results, baseline, world), warnings=pre.warnings,
         notes=([batches.note] if batches.note else []) + notes(pre), run_dir=str(run_dir.path),
         spec_hash=spec.spec_hash())

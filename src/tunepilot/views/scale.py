@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from tunepilot.results.scale import ScalingResult, StrategyResult
+from tunepilot.results.scale import NodeFacts, PreflightResult, ScalingResult, StrategyResult
 from tunepilot.units import fmt_bytes, fmt_number, fmt_seconds
 from tunepilot.views.common import console
 
@@ -23,9 +23,9 @@ def gib(n) -> str:
 def render_scale(result: ScalingResult) -> None:
     """The scaling test: preflight, the batch arithmetic, one row per strategy, each rank."""
     pre = result.preflight
-    node = pre["node"]
-    col = pre["collective"]
-    console.print(f"[bold]{result.label}[/bold]  scaling test on {node['kind'].upper()}: "
+    node = pre.node
+    col = pre.collective
+    console.print(f"[bold]{result.label}[/bold]  scaling test on {node.kind.upper()}: "
                   f"{result.nproc} rank(s) per node x {result.nnodes} node(s) = "
                   f"{result.world_size} ranks, {result.warmup_steps} warm-up + "
                   f"{result.steps} measured steps each (every figure measured here)")
@@ -50,31 +50,30 @@ def render_scale(result: ScalingResult) -> None:
                       f"{result.run_dir}/logs/scale/)")
 
 
-def _render_preflight(pre: dict, node: dict, col: dict) -> None:
+def _render_preflight(pre: PreflightResult, node: NodeFacts, col: dict) -> None:
     console.print("[bold]preflight[/bold]")
-    dev = (", ".join(node["device_names"]) if node["device_names"] else
-           f"CPU (usable cores {node['usable_cpus']})")
+    dev = (", ".join(node.device_names) if node.device_names else
+           f"CPU (usable cores {node.usable_cpus})")
     console.print(f"  devices: {dev}; collective: {col['library']} {col.get('version') or ''}"
-                  f"; torch {node['torch_version']}")
-    if pre.get("threads_per_rank"):
-        console.print(f"  CPU threads per rank: {pre['threads_per_rank']} (baseline too)")
-    topo = pre["topology"]
-    if topo["source"] == "none":
-        console.print(f"  topology: {'; '.join(topo['notes'])}")
+                  f"; torch {node.torch_version}")
+    if pre.threads_per_rank:
+        console.print(f"  CPU threads per rank: {pre.threads_per_rank} (baseline too)")
+    topo = pre.topology
+    if topo.source == "none":
+        console.print(f"  topology: {'; '.join(topo.notes)}")
     else:
-        links = ", ".join(f"GPU{k.replace('-', '-GPU')} {v}" for k, v in topo["links"].items())
-        console.print(f"  topology ({topo['source']}): {links or 'no pairs'}")
+        links = ", ".join(f"GPU{k.replace('-', '-GPU')} {v}" for k, v in topo.links.items())
+        console.print(f"  topology ({topo.source}): {links or 'no pairs'}")
     t = Table(title="  ranks on this node", title_justify="left")
     for c in ("rank", "device", "NUMA node", "CPUs near the device", "may run on", "placement"):
         t.add_column(c)
-    for r in pre["ranks"]:
-        t.add_row(str(r["local_rank"]), r["device"] + (f" x{r['threads']} threads"
-                                                       if r.get("threads") else ""),
-                  _f(r.get("numa_node"), "d") if r.get("numa_node") is not None else
-                  ",".join(str(n) for n in r.get("may_run_on_numa_nodes", [])) or "-",
-                  r.get("near_cpus") or "-", r["may_run_on_cpus"], r["placement"])
+    for r in pre.ranks:
+        t.add_row(str(r.local_rank), r.device + (f" x{r.threads} threads" if r.threads else ""),
+                  _f(r.numa_node, "d") if r.numa_node is not None else
+                  ",".join(str(n) for n in r.may_run_on_numa_nodes) or "-",
+                  r.near_cpus or "-", r.may_run_on_cpus, r.placement)
     console.print(t)
-    bw = pre["bus_bandwidth"]
+    bw = pre.bus_bandwidth
     if "rows" in bw:
         console.print(f"  bus bandwidth ({bw['backend']}, {bw['ranks']} ranks, median of "
                       f"{bw['iters']} calls, slowest rank): busbw = algbw x 2(n-1)/n for "
@@ -88,16 +87,16 @@ def _render_preflight(pre: dict, node: dict, col: dict) -> None:
         console.print(t)
     else:
         console.print(f"  bus bandwidth: {bw.get('unavailable')}")
-    link = pre["link"]
+    link = pre.link
     if "fraction_of_link" in link:
         console.print(f"  link: {link['card']} {link['link']} "
                       f"{link['bandwidth_gbps_per_direction']:,.0f} GB/s per direction; measured "
                       f"all-reduce busbw is {link['fraction_of_link']:.0%} of it")
     else:
         console.print(f"  link: {link.get('unavailable', '-')}")
-    for w in pre["warnings"]:
-        console.print(f"  [yellow]warning[/yellow] [{w['code']}] {w['message']}")
-    for n in pre.get("notes", []):
+    for w in pre.warnings:
+        console.print(f"  [yellow]warning[/yellow] [{w.code}] {w.message}")
+    for n in pre.notes:
         console.print(f"  note: {n}")
 
 
