@@ -381,3 +381,40 @@ def test_probe_node_gpu_path_with_a_simulated_two_gpu_node(monkeypatch):
     ranks = preflight.rank_placement(node, t, 2, None)
     assert [r["topology_gpu"] for r in ranks] == [1, 0]
     assert "no-p2p" in {w["code"] for w in preflight.topology_warnings(node, t, ranks, 2)}
+
+
+def test_topology_from_the_nvml_library_matches_what_nvidia_smi_would_say():
+    """NVML (pynvml) answers the topology question without a subprocess: NVLinks between a pair
+    give NV#, else the PCIe level of the common ancestor; CPU affinity and NUMA per GPU. A fake
+    NVML stands in for the library's calls (their return shapes as pynvml documents them)."""
+    from types import SimpleNamespace
+
+    from tunepilot.scaling.topology import topology_from_nvml
+
+    bus = ["00000000:07:00.0", "00000000:0A:00.0", "00000000:41:00.0"]
+    nv = {(0, 0): 1, (0, 1): 1}  # GPU0's links 0 and 1 go to GPU1
+
+    class FakeNvml:
+        def nvmlDeviceGetPciInfo(self, h):
+            return SimpleNamespace(busId=bus[h].encode())
+
+        def nvmlDeviceGetNvLinkState(self, h, link):
+            return 1 if (h, link) in nv else 0
+
+        def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
+            return SimpleNamespace(busId=bus[nv[(h, link)]])
+
+        def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
+            return 50 if 2 in (a, b) else 30  # GPU2 sits across the sockets
+
+        def nvmlDeviceGetCpuAffinity(self, h, words):
+            return [0xFF if h < 2 else 0xFF00]
+
+        def nvmlDeviceGetNumaNodeId(self, h):
+            return 0 if h < 2 else 1
+
+    topo = topology_from_nvml(FakeNvml(), [0, 1, 2])
+    assert topo.source == "NVML (pynvml)" and topo.devices == ["GPU0", "GPU1", "GPU2"]
+    assert topo.links == {"0-1": "NV2", "0-2": "SYS", "1-2": "SYS"}
+    assert topo.cpu_affinity == {0: "0-7", 1: "0-7", 2: "8-15"}
+    assert topo.numa_node == {0: 0, 1: 0, 2: 1}

@@ -229,6 +229,14 @@ def read_topology(kind: str) -> Topology:
     if tool is None:
         return no_topology("CPU ranks talk through shared memory / loopback (gloo): no "
                            "accelerator topology")
+    if kind == "cuda":  # NVML answers without a subprocess, also where nvidia-smi is absent
+        from tunepilot.device import nvml_handles
+        from tunepilot.scaling.topology import topology_from_nvml
+
+        handles = nvml_handles()
+        if handles is not None and handles[1]:
+            with contextlib.suppress(Exception):
+                return topology_from_nvml(*handles)
     if shutil.which(tool[0]) is None:
         return no_topology(f"{tool[0]} is not on PATH: topology unknown")
     try:

@@ -206,3 +206,58 @@ def parse_rocm_smi_topo(text: str) -> Topology:
 
 def no_topology(why: str) -> Topology:
     return Topology(source="none", notes=[why])
+
+
+# NVML's common-ancestor levels (nvml.h nvmlGpuTopologyLevel_t) -> nvidia-smi's path codes.
+NVML_LEVEL_CODES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+NVML_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS (Hopper has 18 NVLinks per GPU)
+
+
+def topology_from_nvml(nvml, handles: list) -> Topology:
+    """The same Topology from the NVML library (pynvml) that `nvidia-smi topo -m` reads: the
+    path between each pair of GPUs (NV# when NVLinks join them, else the PCIe level of their
+    common ancestor), each GPU's CPU affinity and NUMA node. No subprocess; used where NVML
+    answers (nvidia-smi may be absent in a container that has the library)."""
+    topo = Topology(source="NVML (pynvml)")
+    pci = [_text(nvml.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles]
+    topo.devices = [f"GPU{i}" for i in range(len(handles))]
+    for i, h in enumerate(handles):
+        for j in range(i + 1, len(handles)):
+            links = _nvlinks_between(nvml, h, pci[j])
+            if links:
+                topo.links[f"{i}-{j}"] = f"NV{links}"
+            else:
+                try:
+                    level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(h, handles[j]))
+                except Exception:
+                    continue
+                topo.links[f"{i}-{j}"] = NVML_LEVEL_CODES.get(level, f"L{level}")
+        try:
+            words = nvml.nvmlDeviceGetCpuAffinity(h, 64)
+            cpus = [64 * w + b for w, word in enumerate(words) for b in range(64)
+                    if int(word) >> b & 1]
+            topo.cpu_affinity[i] = format_cpulist(cpus)
+        except Exception:
+            pass
+        try:
+            topo.numa_node[i] = int(nvml.nvmlDeviceGetNumaNodeId(h))
+        except Exception:
+            topo.numa_node[i] = None
+    return topo
+
+
+def _nvlinks_between(nvml, h, other_bus_id: str) -> int:
+    n = 0
+    for link in range(NVML_MAX_LINKS):
+        try:
+            if not nvml.nvmlDeviceGetNvLinkState(h, link):
+                continue
+            remote = _text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).lower()
+        except Exception:
+            continue
+        n += remote == other_bus_id
+    return n
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
