@@ -292,6 +292,11 @@ class RunSpec(_Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunSpec:
+        kernels = self.kernels.problem_with(self.model.implementation,
+                                            self.activation_checkpointing, self.chunked_loss,
+                                            self.model.task)
+        if kernels:
+            raise ValueError(kernels)
         if self.method.kind == "qlora" and self.precision in ("fp32", "fp16-mixed"):
             raise ValueError(
                 f"method.kind qlora computes in bf16 but precision is {self.precision!r}; "

@@ -338,7 +338,7 @@ def apply_kernel_standins(model: torch.nn.Module, spec, arch, notes: list[str]) 
             mod.forward = types.MethodType(_glu_forward, mod)
             swapped += 1
         elif mlp and all(hasattr(mod, a) for a in ("gate_up_proj", "down_proj")) and \
-                isinstance(getattr(mod, "gate_up_proj"), torch.nn.Module):
+                isinstance(mod.gate_up_proj, torch.nn.Module):
             mod.forward = types.MethodType(_fused_glu_forward, mod)
             swapped += 1
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

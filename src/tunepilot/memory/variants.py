@@ -287,6 +287,12 @@ def saved_module_optimizer_bytes(arch: Arch, spec: RunSpec, impl: str) -> tuple[
 
 # --------------------------------------------------------------------------- what the plan says
 
+
+def in_use(spec: RunSpec) -> bool:
+    """Whether the spec turns on a kernel or an adapter variant."""
+    m = spec.method
+    return spec.kernels.any or (m.is_lora and (m.dora or m.rslora or bool(m.modules_to_save)))
+
 _LOSS_NOTES = {
     "liger_fused_linear_cross_entropy": "Liger fused linear cross-entropy: the (tokens, vocab) "
         "logits are never held - gradients made in the forward, {chunk} tokens' logits at a "
