@@ -53,8 +53,8 @@ def test_the_norm_and_glu_stand_ins_compute_pytorchs_values_and_gradients():
     for gelu in (False, True):
         act = torch.nn.functional.gelu if gelu else torch.nn.functional.silu
         kw = {"approximate": "tanh"} if gelu else {}
-        out, g = grads(lambda a, u: ks._GLU.apply(a, u, gelu).square().sum(), a, u)
-        ref, gr = grads(lambda a, u: (act(a, **kw) * u).square().sum(), a, u)
+        out, g = grads(lambda a, u, ge=gelu: ks._GLU.apply(a, u, ge).square().sum(), a, u)
+        ref, gr = grads(lambda a, u, f=act, kw=kw: (f(a, **kw) * u).square().sum(), a, u)
         close(out, ref), [close(p, q) for p, q in zip(g, gr, strict=True)]
 
 
