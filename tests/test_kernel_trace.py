@@ -86,7 +86,7 @@ def delta(base: dict, over: dict) -> tuple[int, int, list[str]]:
         spec = spec_from_dict(dict(TINY, **fields))
         raw = trace_step(spec, resolve_model_config(spec), "cuda", fake=True)
         a = analytic_plan(spec, resolve_arch(spec), "cuda").per_device.allocated_peak_bytes
-        out.append((raw["peak_bytes"], a, raw["notes"]))
+        out.append((raw.peak_bytes, a, raw.notes))
     return out[1][0] - out[0][0], out[1][1] - out[0][1], out[1][2]
 
 

@@ -218,3 +218,28 @@ def test_dora_and_modules_to_save_run_for_real_in_the_cpu_pilot(tmp_path):
     planned = analytic_plan(spec, arch, "cpu").params.trainable
     assert res.params["trainable"].value == planned  # magnitudes + the lm_head copy, built
     assert any("did NOT measure" in n and "fused_linear_cross_entropy" in n for n in res.notes)
+
+
+# ------------------------------------------------------------------------------ the time model
+
+
+def test_each_kernels_speed_factor_is_in_the_projection_with_its_kind_and_source():
+    from tunepilot.catalog import load_catalog
+    from tunepilot.cost.mfu import kernel_factors, mfu_for, pilot_lever_factors
+
+    card = load_catalog().select(["h100"])[0]
+    base = {"model": {"preset": "llama-3.1-8b"}, "method": {"kind": "lora", "dora": True}}
+    spec, arch, _ = plan(base, kernels={"liger": LIGER})
+    stock, _, _ = plan(base, method={"kind": "lora"})
+    factors = {kf.name.split()[0]: kf for kf in kernel_factors(spec)}
+    assert factors["liger"].factor == pytest.approx(1.14) and factors["liger"].kind == "published"
+    assert factors["dora"].factor == pytest.approx(0.79) and "peft" in factors["dora"].source
+    mfu = mfu_for(spec, card, arch)
+    assert mfu.value == pytest.approx(mfu_for(stock, card, arch).value * 1.14 * 0.79)
+    assert "liger" in mfu.how and "published" in mfu.how and "dora 0.79" in mfu.how
+    # a quote from a pilot's throughput: the pilot left Liger out (x its factor), ran DoRA
+    levers = {lv.lever.split()[0] for lv in pilot_lever_factors(spec)}
+    assert "liger" in levers and "dora" not in levers
+    partial, _, _ = plan(base, kernels={"liger": ["fused_linear_cross_entropy"]})
+    (kf,) = [k for k in kernel_factors(partial) if k.name.startswith("liger")]
+    assert kf.kind == "assumed" and 1.0 < kf.factor < 1.14  # a share of the default set's
