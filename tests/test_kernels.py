@@ -243,3 +243,41 @@ def test_each_kernels_speed_factor_is_in_the_projection_with_its_kind_and_source
     partial, _, _ = plan(base, kernels={"liger": ["fused_linear_cross_entropy"]})
     (kf,) = [k for k in kernel_factors(partial) if k.name.startswith("liger")]
     assert kf.kind == "assumed" and 1.0 < kf.factor < 1.14  # a share of the default set's
+
+
+# ------------------------------------------------------------------------------ the callbacks
+
+
+def test_the_callbacks_derived_spec_records_the_kernels_and_variants_the_live_model_ran(
+        tmp_path):
+    """What the user's run really ran: eager attention (config._attn_implementation), a norm
+    whose forward Liger's instance patching bound (a function of liger_kernel's module), PEFT's
+    DoRA and modules_to_save - read from the live model by the HF/Lightning callbacks."""
+    import types
+
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tunepilot.integrations.derive import derive_spec
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    model = LlamaForCausalLM._from_config(cfg, attn_implementation="eager")
+
+    def liger_rms_forward(self, x):  # stands for liger_kernel.transformers.rms_norm's forward
+        return x
+
+    liger_rms_forward.__module__ = "liger_kernel.transformers.rms_norm"
+    liger_rms_forward.__qualname__ = "LigerRMSNorm.forward"
+    for mod in model.modules():
+        if type(mod).__name__ == "LlamaRMSNorm":
+            mod.forward = types.MethodType(liger_rms_forward, mod)
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                            use_dora=True, modules_to_save=["lm_head"]))
+    spec, _, notes = derive_spec(peft, tmp_path, micro_batch_size=2, accumulation=1,
+                                 sequence_length=64)
+    assert spec.kernels.attention == "eager" and spec.kernels.liger == ["rms_norm"]
+    assert spec.method.dora and spec.method.modules_to_save == ["lm_head"]
+    assert any("kernels active in this run" in n and "liger rms_norm" in n for n in notes)
