@@ -119,3 +119,27 @@ def test_a_traced_plan_of_fused_kernels_is_traced_and_says_what_it_assumed():
     text = " ".join(plan.assumptions)
     assert "PyTorch stand-ins" in text and "traced as SDPA's flash kernel" in text
     assert "never held" in text  # the analytic arithmetic it rests on, said too
+
+
+def test_lora_on_fused_moe_experts_saves_the_merged_weights_as_the_analytic_plan_says(
+        tmp_path):
+    """transformers >= 5 fuses each layer's experts into raw parameters: PEFT wraps them with
+    target_parameters (built for gate_up_proj / down_proj), merges W + BA per forward and the
+    grouped matmul saves the merged weight and its routed input - traced and analytic agree."""
+    import json
+
+    cfg = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "vocab_size": 512, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "max_position_embeddings": 256, "tie_word_embeddings": False}
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(cfg))
+    attn = {"model": {"config": str(path)}, "method": {"kind": "lora", "lora_rank": 8,
+                                                       "lora_targets": ["q_proj", "v_proj"]}}
+    experts = {"model": {"config": str(path)}, "method": {
+        "kind": "lora", "lora_rank": 8,
+        "lora_targets": ["q_proj", "v_proj", "gate_up_proj", "down_proj"]}}
+    traced, analytic, notes = delta(attn, experts)
+    assert traced == pytest.approx(analytic, rel=0.02)
+    per_layer = 2 * (4 * 64 * 256 + 4 * 128 * 64)  # the merged gate_up and down, bf16
+    assert analytic > 2 * per_layer

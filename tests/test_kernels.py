@@ -281,3 +281,16 @@ def test_the_callbacks_derived_spec_records_the_kernels_and_variants_the_live_mo
     assert spec.kernels.attention == "eager" and spec.kernels.liger == ["rms_norm"]
     assert spec.method.dora and spec.method.modules_to_save == ["lm_head"]
     assert any("kernels active in this run" in n and "liger rms_norm" in n for n in notes)
+
+
+def test_lora_on_mixtrals_fused_experts_saves_a_merged_copy_of_them_per_layer():
+    base = {"model": {"preset": "mixtral-8x7b"}, "precision": "bf16-mixed",
+            "sequence_length": 1024}
+    _, arch, attn = plan(base, method={"kind": "lora", "lora_targets": ["q_proj", "v_proj"]})
+    _, _, experts = plan(base, method={"kind": "lora", "lora_targets": [
+        "q_proj", "v_proj", "gate_up_proj", "down_proj"]})
+    merged = 2 * 3 * arch.hidden_size * arch.intermediate_size * arch.num_experts  # bf16
+    diff = phase(experts, "forward-end").activations_bytes - \
+        phase(attn, "forward-end").activations_bytes
+    assert diff > merged * arch.num_layers  # ~84 GiB: every layer's merged experts
+    assert any("fused MoE experts" in n for n in experts.assumptions)

@@ -116,6 +116,8 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
     extra = 0
     inputs: dict[str, int] = {}
     for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
+        if lin.peft_kind == "parameter":  # fused MoE experts: memory/variants.py
+            continue
         extra += r * mult * per_feature * lin.count_per_layer
         if spec.method.lora_dropout > 0:
             extra += (1 + cb) * lin.in_features * lin.count_per_layer
@@ -134,7 +136,8 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
     """
     h = arch.hidden_size
     per_layer = layer_activation_bytes_per_token(arch, spec, cb, sb) * tokens + \
-        variants.dora_saved_per_layer(arch, spec)  # DoRA with dropout: its weight casts
+        variants.dora_saved_per_layer(arch, spec) + \
+        variants.parameter_lora_saved_per_layer(arch, spec, cb, tokens)
     if spec.torch_compile:  # modelled, not traced: the trace runs eager
         per_layer = int(per_layer * COMPILE_SAVED_FRACTION)
     L = arch.num_layers

@@ -242,6 +242,26 @@ def dora_transient(arch: Arch, spec: RunSpec) -> int:
     return out
 
 
+def parameter_lora_saved_per_layer(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
+    """LoRA on raw parameters (transformers >= 5's fused MoE experts and router, PEFT's
+    target_parameters): PEFT's ParamWrapper makes W + scaling * (A B) per forward with
+    torch.baddbmm and the grouped matmul saves it - a compute-dtype copy of every targeted
+    weight per layer - with its input (each token once per routed expert) and the 16-bit
+    A and B batches baddbmm saves."""
+    if not spec.method.is_lora:
+        return 0
+    r = spec.method.lora_rank or 0
+    k = arch.experts_per_token if arch.num_experts > 1 else 1
+    out = 0
+    for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
+        if lin.peft_kind != "parameter":
+            continue
+        routed = tokens * (k if lin.count_per_layer > 1 else 1)
+        out += cb * (lin.numel + routed * lin.in_features
+                     + lin.count_per_layer * r * mult * (lin.in_features + lin.out_features))
+    return out
+
+
 def saved_modules(arch: Arch, spec: RunSpec) -> list[tuple[str, int]]:
     """(name, parameters) of each module in method.modules_to_save: PEFT trains a copy of it."""
     out = []
@@ -365,6 +385,12 @@ def _adapter_notes(arch: Arch, spec: RunSpec) -> list[str]:
             f"{fmt_bytes(dora_transient(arch, spec))} of temporaries (identity, weight casts)"
             + (f"; with dropout {fmt_bytes(per_layer)} per layer of weight casts saved"
                if per_layer else ""))
+    experts = parameter_lora_saved_per_layer(arch, spec, 2, 0) if m.is_lora else 0
+    if experts:
+        notes.append("LoRA on raw parameters (fused MoE experts): PEFT's target_parameters "
+                     "builds W + BA each forward and the grouped matmul saves it - "
+                     f"{fmt_bytes(experts)} per layer of merged weights (16-bit), with the routed "
+                     "inputs")
     if m.is_lora and m.rslora:
         notes.append("rsLoRA: scaling alpha/sqrt(r) instead of alpha/r - no memory or time "
                      "change")

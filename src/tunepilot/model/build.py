@@ -114,8 +114,12 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
 
     m = spec.method
     targets = m.lora_targets if m.lora_targets == "all-linear" else list(m.lora_targets)
+    params = expert_parameters(model, targets)  # LoRA on raw parameters: fused MoE experts
+    if params:
+        targets = [t for t in targets if t not in params]
     cfg = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
                      target_modules=targets, bias="none", use_dora=m.dora,
+                     target_parameters=[params[t] for t in params] or None,
                      use_rslora=m.rslora, modules_to_save=list(m.modules_to_save) or None,
                      task_type="SEQ_CLS" if spec.model.task == "sequence-classification" else
                      "CAUSAL_LM")
@@ -135,6 +139,23 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
             if "lora_" in name:  # adapters and DoRA's magnitude (not modules_to_save copies)
                 p.data = p.data.to(torch.bfloat16)
     return peft_model
+
+
+def expert_parameters(model, targets) -> dict[str, str]:
+    """Target names that are raw parameters, not modules (transformers >= 5 fuses each layer's
+    MoE experts into experts.gate_up_proj / experts.down_proj): name -> the parameter's path
+    in a layer, for PEFT's target_parameters (its 4.x aliases w1/w2/w3 PEFT maps itself)."""
+    if not isinstance(targets, list):
+        return {}
+    modules = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    out = {}
+    for t in targets:
+        if t in modules:
+            continue
+        hit = next((n for n, _ in model.named_parameters() if n.endswith("." + t)), None)
+        if hit is not None:  # model.layers.0.mlp.experts.gate_up_proj -> mlp.experts.gate_up_proj
+            out[t] = ".".join(hit.split(".")[3:]) if ".layers." in hit else t
+    return out
 
 
 def _every_other_mm_contexts():
