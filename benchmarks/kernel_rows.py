@@ -156,5 +156,6 @@ def print_kernel_rows(rows: list[dict]) -> None:
             print(f"  twin {b} - {a}: published {pub / 2**30:+6.2f} GiB, plan {plan / 2**30:+6.2f}"
                   " GiB")
         else:
-            print(f"  twin {b} / {a}: published x{rb['measured_tokens'] / ra['measured_tokens']:.2f}"
-                  f" longer context, plan x{rb['plan_tokens'] / ra['plan_tokens']:.2f}")
+            pub = rb["measured_tokens"] / ra["measured_tokens"]
+            print(f"  twin {b} / {a}: published x{pub:.2f} longer context, plan "
+                  f"x{rb['plan_tokens'] / ra['plan_tokens']:.2f}")

@@ -332,19 +332,22 @@ def kernel_notes(arch: Arch, spec: RunSpec) -> list[str]:
 
     k, notes = spec.kernels, []
     att = k.attention
-    notes.append("attention: eager - the (batch, heads, s, s) softmax output is saved per "
-                 f"layer ({fmt_bytes(eager_attention_bytes(arch, spec, 2, spec.micro_batch_size * spec.sequence_length))}"
-                 " in 16-bit compute)" if att == "eager" else
-                 f"attention: {att} ({'SDPA flash/memory-efficient kernel' if att == 'sdpa' else 'fused kernel'}"
-                 ", no s x s matrix)")
+    if att == "eager":
+        s_by_s = eager_attention_bytes(arch, spec, 2, spec.tokens_per_micro_batch)
+        notes.append("attention: eager - the (batch, heads, s, s) softmax output is saved per "
+                     f"layer ({fmt_bytes(s_by_s)} over all layers in 16-bit compute)")
+    else:
+        what = "SDPA flash/memory-efficient kernel" if att == "sdpa" else "fused kernel"
+        notes.append(f"attention: {att} ({what}, no s x s matrix)")
     norm = fused_norm(arch, spec)
     kind = "RMSNorm" if arch.norm_kind == "rms" else "LayerNorm"
     notes.append(f"norms: {norm}'s fused {kind} (its input and fp32 statistics saved)" if norm
                  else f"norms as Hugging Face's {kind}")
     mlp = fused_mlp(arch, spec)
     if mlp:
-        notes.append(f"gated MLP: {mlp}'s fused {'SwiGLU' if arch.hidden_act == 'silu' else 'GeGLU'}"
-                     " (saves gate and up: 2 x intermediate per token, not 3)")
+        glu = "SwiGLU" if arch.hidden_act == "silu" else "GeGLU"
+        notes.append(f"gated MLP: {mlp}'s fused {glu} (saves gate and up: 2 x intermediate "
+                     "per token, not 3)")
     elif {"swiglu", "geglu"} & set(k.liger):
         notes.append("Liger swiglu/geglu: no effect on this model's "
                      + ("MoE experts" if arch.num_experts > 1 else "plain MLP") + " (not modelled)")
