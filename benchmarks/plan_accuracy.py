@@ -4,8 +4,10 @@ Like is compared with like: a row measured with max_memory_allocated (or active_
 same) against the plan's allocated peak; reserved against reserved; device-level (NVML) against
 the device peak. Units follow the row's mem_kind bracket ([GB] = 1e9 B, [GiB] = 2^30 B).
 
-Run:  .venv/bin/python benchmarks/plan_accuracy.py [--trace] [--json]
+Run:  .venv/bin/python benchmarks/plan_accuracy.py [--trace] [--json] [--kernels-only]
   --trace adds the traced plan's column (slower: one real traced step per row).
+  The kernels' and adapter variants' published rows (Liger, PEFT's DoRA/rsLoRA, Unsloth's context
+  table: benchmarks/kernel_rows.py) follow as their own table; --kernels-only prints just it.
 torch.compile, optimizer_in_backward and activation_offloading are modelled on top of the step
 (the trace runs the plain eager step), and said so in each plan. A row using a setting a spec
 cannot express would be planned without it, marked, and left out of the like-for-like median;
@@ -27,7 +29,8 @@ from tunepilot.spec import spec_from_dict
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = next(p for p in (HERE.parent / "shared" / "reference",
-                             HERE.parent.parent / "shared" / "reference") if p.exists())
+                             HERE.parent.parent / "shared" / "reference",
+                             HERE.parents[2] / "shared" / "reference") if p.exists())
 
 # Architectures of the two reference models that are not presets, from model_arch.csv and the
 # models' Hugging Face configs (microsoft/phi-1_5, stabilityai/stablelm-base-alpha-3b).
@@ -129,7 +132,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="store_true", help="add the traced plan's column")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--kernels-only", action="store_true",
+                    help="only the kernels' and adapter variants' rows (kernel_rows.py)")
     args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from kernel_rows import plan_kernel_rows, print_kernel_rows
+
+    kernel_rows = plan_kernel_rows()
+    if args.kernels_only:
+        if args.json:
+            print(json.dumps({"kernel_rows": kernel_rows}, indent=2))
+        else:
+            print_kernel_rows(kernel_rows)
+        return 0
     traced_peak = None
     if args.trace:
         from tunepilot.memory.trace import traced_peak_for_benchmark as traced_peak
@@ -170,7 +185,7 @@ def main() -> int:
         summary["traced_within_10pct"] = sum(x <= 0.10 for x in ta)
         summary["traced_fallbacks"] = sum(r.get("traced_error") is None for r in out)
     if args.json:
-        print(json.dumps({"rows": out, "summary": summary}, indent=2))
+        print(json.dumps({"rows": out, "summary": summary, "kernel_rows": kernel_rows}, indent=2))
         return 0
     hdr = f"{'id':>3} {'model':<24} {'method':<12} {'seq':>5} {'mb':>2} {'compare':<21} " \
           f"{'measured':>10} {'analytic':>10} {'err':>7}"
@@ -199,6 +214,7 @@ def main() -> int:
               f"like-for-like (target <= 10%); {summary['traced_median_abs_error_all']:.1%} all; "
               f"{summary['traced_within_10pct']} of {len(out)} within +-10%; "
               f"{summary['traced_fallbacks']} fallbacks")
+    print_kernel_rows(kernel_rows)
     return 0
 
 

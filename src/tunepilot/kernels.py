@@ -67,6 +67,28 @@ class KernelSpec(_Strict):
             return "unsloth"
         return None
 
+    def problem_with(self, implementation: str, checkpointing: str, chunked_loss: bool,
+                     task: str) -> str | None:
+        """Why these kernels cannot run with the rest of the spec (None: they can)."""
+        patched = [k for k, on in (("liger", bool(self.liger)), ("cut_cross_entropy",
+                                   self.cut_cross_entropy), ("unsloth", self.unsloth)) if on]
+        if patched and implementation != "transformers":
+            return (f"kernels {', '.join(patched)} patch transformers' models, but "
+                    f"model.implementation is {implementation!r} (its own code); remove them or "
+                    "set model.implementation: transformers")
+        if self.unsloth_gradient_checkpointing and checkpointing != "full":
+            return ("kernels.unsloth_gradient_checkpointing offloads the checkpointed layer "
+                    f"inputs, but activation_checkpointing is {checkpointing!r}; set "
+                    "activation_checkpointing: full (Unsloth's use_gradient_checkpointing: "
+                    "'unsloth' is full checkpointing)")
+        if self.fused_loss and chunked_loss:
+            return (f"sets chunked_loss and the fused loss kernel {self.fused_loss}; the loss "
+                    "runs one of them: drop chunked_loss")
+        if self.fused_loss and task != "causal-lm":
+            return (f"the loss kernel {self.fused_loss} computes a next-token loss over the "
+                    f"vocabulary; a {task} model has none: remove it")
+        return None
+
     @property
     def any(self) -> bool:
         return bool(self.liger or self.cut_cross_entropy or self.unsloth

@@ -24,10 +24,10 @@ from pydantic import (
 
 from tunepilot.errors import SpecError, UserError, did_you_mean
 from tunepilot.kernels import KernelSpec
+from tunepilot.method import MethodSpec
 from tunepilot.objective import ObjectiveSpec
 from tunepilot.yaml_input import read_yaml_mapping
 
-MethodKind = Literal["full", "lora", "qlora"]
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor"]
 Precision = Literal["fp32", "bf16-mixed", "bf16-true", "fp16-mixed"]
 StateDtype = Literal["fp32", "bf16"]
@@ -36,7 +36,6 @@ Implementation = Literal["transformers", "litgpt", "torchtune", "torchtitan", "m
 Task = Literal["causal-lm", "sequence-classification"]
 Strategy = Literal["single", "ddp", "fsdp"]
 
-DEFAULT_LORA_RANK = 16
 # chunked_loss: lm_head + cross-entropy per this many tokens, recomputed in backward (the plan
 # and tunepilot's own training step use the same chunk).
 CHUNKED_LOSS_TOKENS = 1024
@@ -74,61 +73,6 @@ class ModelSpec(_Strict):
                 "of a local Hugging Face config.json or model directory"
             )
         return self
-
-
-class MethodSpec(_Strict):
-    """Full fine-tuning, LoRA, or QLoRA (NF4 4-bit frozen base, bf16 compute)."""
-
-    kind: MethodKind = "lora"
-    lora_rank: int | None = Field(default=None, gt=0, le=65536)
-    lora_alpha: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
-    lora_targets: list[str] | Literal["all-linear"] = Field(
-        default_factory=lambda: ["q_proj", "v_proj"]
-    )
-    base_dtype: Literal["bf16", "fp16", "fp32"] | None = None
-    """lora: dtype of the frozen base; default 16 bit (as loaded with torch_dtype=bfloat16), fp32
-    only under precision fp32. qlora: the dtype of the parts left unquantized."""
-    double_quant: bool = False
-    """qlora: 8-bit quantization of the NF4 absmax constants (bitsandbytes double quant)."""
-    quantize_lm_head: bool = False
-    """qlora: quantize lm_head too (transformers keeps it in 16 bit; some frameworks do not)."""
-    quantize_on_load: bool = True
-    """qlora: quantize while loading (transformers); false = load the bf16 base, then quantize."""
-    adapter_dtype: Literal["bf16", "fp32"] | None = None
-    """LoRA/QLoRA adapter weights: null = PEFT's default (fp32 adapters, autocast_adapter_dtype);
-    bf16 = adapters in bf16 (LitGPT's and torchtune's pure-bf16 runs)"""
-
-    @model_validator(mode="after")
-    def _lora_fields(self) -> MethodSpec:
-        if self.kind == "full":
-            if self.lora_rank is not None or self.lora_alpha is not None:
-                raise ValueError(
-                    "sets lora_rank/lora_alpha on a full fine-tune (kind: full); remove them, "
-                    "or set kind: lora"
-                )
-            if self.adapter_dtype is not None:
-                raise ValueError(
-                    "sets adapter_dtype on a full fine-tune; there are no adapters: the "
-                    "precision field decides the weights' dtype"
-                )
-            if self.base_dtype is not None:
-                raise ValueError(
-                    "sets base_dtype on a full fine-tune; there is no frozen base: the "
-                    "precision field decides the weights' dtype"
-                )
-        else:
-            if self.lora_rank is None:
-                object.__setattr__(self, "lora_rank", DEFAULT_LORA_RANK)
-            if self.lora_alpha is None:
-                object.__setattr__(self, "lora_alpha", float(2 * self.lora_rank))
-            if isinstance(self.lora_targets, list) and not self.lora_targets:
-                raise ValueError("lora_targets is empty; list module names or use 'all-linear'")
-        return self
-
-    @property
-    def is_lora(self) -> bool:
-        return self.kind in ("lora", "qlora")
 
 
 class OptimizerSpec(_Strict):
@@ -348,6 +292,11 @@ class RunSpec(_Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunSpec:
+        kernels = self.kernels.problem_with(self.model.implementation,
+                                            self.activation_checkpointing, self.chunked_loss,
+                                            self.model.task)
+        if kernels:
+            raise ValueError(kernels)
         if self.method.kind == "qlora" and self.precision in ("fp32", "fp16-mixed"):
             raise ValueError(
                 f"method.kind qlora computes in bf16 but precision is {self.precision!r}; "

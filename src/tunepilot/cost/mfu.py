@@ -58,6 +58,16 @@ class Factor(_Read):
     source: str | None = None
 
 
+class KernelRow(_Read):
+    """A kernel's or adapter variant's throughput multiplier (throughput_model.yaml kernels:)."""
+
+    factor: float = Field(gt=0)
+    kind: Kind
+    source: str
+    as_of: str
+    applies_to: list[str] = Field(default_factory=list)
+
+
 class ThroughputModel(_Read):
     """resources/throughput_model.yaml, validated once when first read."""
 
@@ -69,6 +79,7 @@ class ThroughputModel(_Read):
     torch_compile: Factor
     method: dict[str, Factor]
     default_implementation: str
+    kernels: dict[str, KernelRow] = Field(default_factory=dict)
 
 
 @cache
@@ -172,8 +183,9 @@ class LeverFactor:
 
 def pilot_lever_factors(spec) -> list[LeverFactor]:
     """The speed factors of the spec's levers that tunepilot's pilot turns off (pilot/prepare.py
-    without_modelled_levers): a quote that starts from a pilot's measured throughput multiplies
-    by them, and says so. Levers with no published speed effect count 1.0, said too."""
+    without_modelled_levers, without_gpu_kernels): a quote that starts from a pilot's measured
+    throughput multiplies by them, and says so. Levers with no published speed effect count
+    1.0, said too."""
     tm = throughput_model()
     out = []
     if spec.torch_compile:
@@ -186,6 +198,61 @@ def pilot_lever_factors(spec) -> list[LeverFactor]:
         out.append(LeverFactor("activation_offloading", 1.0, "assumed",
                                "copies overlap compute in torchtune's implementation: no speed "
                                "effect counted"))
+    out += [LeverFactor(kf.name, kf.factor, kf.kind, kf.source) for kf in kernel_factors(spec)
+            if not kf.pilot_runs_it]
+    return out
+
+
+def _short(source: str) -> str:
+    """A source's first words: the repository or paper it rests on."""
+    text = source.removeprefix("DERIVED: ").removeprefix("ASSUMED: ")
+    return text.split(":")[0].split(" (")[0].strip()
+
+
+@dataclass(frozen=True)
+class KernelFactor:
+    """One kernel's or adapter variant's throughput multiplier, as the time model has it."""
+
+    name: str
+    factor: float
+    kind: str  # published / derived / assumed
+    source: str
+    pilot_runs_it: bool  # the CPU/GPU pilot builds it (DoRA, eager, ...), or leaves it out
+
+
+def kernel_factors(spec) -> list[KernelFactor]:
+    """The speed factors of the kernels and adapter variants the spec turns on
+    (throughput_model.yaml kernels:), each with its kind and source."""
+    tm = throughput_model().kernels
+    k, m = spec.kernels, spec.method
+    out: list[KernelFactor] = []
+
+    def add(key: str, name: str, scale: float = 1.0, kind: str | None = None,
+            pilot: bool = False) -> None:
+        row = tm[key]
+        factor = 1.0 + (row.factor - 1.0) * scale
+        out.append(KernelFactor(name, factor, kind or row.kind, row.source, pilot))
+
+    default = ("rms_norm", "swiglu", "rope", "fused_linear_cross_entropy")
+    liger = [x for x in k.liger if x in tm["liger"].applies_to]
+    if liger and not k.unsloth:
+        share = sum(x in liger or (x == "swiglu" and "geglu" in liger) for x in default) / 4
+        add("liger", f"liger {'+'.join(liger)}", share, None if share == 1 else "assumed")
+    if "cross_entropy" in k.liger:
+        add("liger_cross_entropy", "liger cross_entropy")
+    for key in ("cut_cross_entropy", "unsloth", "unsloth_gradient_checkpointing",
+                "transformer_engine"):
+        if getattr(k, key):
+            add(key, key)
+    if k.attention == "eager":
+        add("attention_eager", "attention eager", pilot=True)
+    elif k.attention in tm["attention_flash"].applies_to:
+        add("attention_flash", f"attention {k.attention}")
+    if m.is_lora:
+        for key, on in (("dora", m.dora), ("rslora", m.rslora),
+                        ("modules_to_save", bool(m.modules_to_save))):
+            if on:
+                add(key, key, pilot=True)
     return out
 
 
@@ -196,6 +263,14 @@ def mfu_for(spec, card: Card, arch=None) -> Figure:
 
     e = estimate(spec.model.implementation, card.id, spec.method.kind,
                  spec.activation_checkpointing, spec.torch_compile)
+    kernels = kernel_factors(spec)
+    if kernels:  # each kernel's published (or assumed) speed effect, named in the projection
+        product = 1.0
+        for kf in kernels:
+            product *= kf.factor
+        e = MfuEstimate(min(e.mfu * product, MFU_CEILING), e.base, e.row,
+                        dict(e.factors, kernels=product), e.kinds + [kf.kind for kf in kernels],
+                        e.transfer)
     at = e.row.at
     size = f"{param_counts(arch).total / 1e9:.1f}B" if arch is not None else "this model"
     distance = (f"this run: {size} at {spec.sequence_length} tokens on {card.id}; the "
@@ -205,7 +280,9 @@ def mfu_for(spec, card: Card, arch=None) -> Figure:
            f"{e.row.mfu:.3g} MFU ({e.row.source.split(':')[0].strip()}) -> one card "
            f"{e.base:.3g}" + (f" via {e.transfer}" if e.transfer else "")
            + f" x checkpointing {e.factors['checkpointing']:g} x compile "
-             f"{e.factors['torch_compile']:g} x {spec.method.kind} {e.factors['method']:g}")
+             f"{e.factors['torch_compile']:g} x {spec.method.kind} {e.factors['method']:g}"
+           + "".join(f" x {kf.name} {kf.factor:.3g} ({kf.kind}: {_short(kf.source)})"
+                     for kf in kernels))
     return Figure.projected(e.mfu, "fraction", how, rests_on=e.row.source,
                             distance=distance, kind=e.basis_kind, counted="MFU (model FLOPs; "
                             "recompute not counted)")

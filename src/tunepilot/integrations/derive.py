@@ -29,6 +29,7 @@ def _base_model(model: Any) -> tuple[Any, dict]:
                   "lora_dropout": float(getattr(cfg, "lora_dropout", 0.0) or 0.0)}
         if targets:
             method["lora_targets"] = targets
+        method.update(_variants(cfg))  # DoRA, rsLoRA, modules_to_save
         if hasattr(model, "get_base_model"):
             model = model.get_base_model()
     config = getattr(model, "config", None)
@@ -39,6 +40,16 @@ def _base_model(model: Any) -> tuple[Any, dict]:
             method["kind"] = "qlora"
             method["double_quant"] = bool(q.get("bnb_4bit_use_double_quant"))
     return model, method
+
+
+def _variants(cfg: Any) -> dict:
+    """The adapter variants the plan models (modules_to_save: the ones it can size)."""
+    from tunepilot.integrations.kernels_seen import adapter_variants
+    from tunepilot.memory.variants import EMBEDDING_NAMES
+
+    out = adapter_variants(cfg)
+    mods = [m for m in out.pop("modules_to_save", []) if m in EMBEDDING_NAMES + ("lm_head",)]
+    return dict(out, modules_to_save=mods) if mods else out
 
 
 def _precision(model: Any, bf16: bool, fp16: bool, method: dict, notes: list[str]) -> str:
@@ -100,6 +111,12 @@ def derive_spec(model: Any, out_dir: Path, *, micro_batch_size: int, accumulatio
                       **({"lr": float(lr)} if lr else {})},
         "activation_checkpointing": "full" if gradient_checkpointing else "none",
     }
+    from tunepilot.integrations.kernels_seen import kernels_in_use
+
+    kernels, seen = kernels_in_use(model)  # what the live model runs: Liger, attention, ...
+    if kernels:
+        spec["kernels"] = kernels
+        notes += seen
     if max_steps and max_steps > 0:  # the trainer's own length, not tunepilot's default target
         spec["target"] = {"steps": int(max_steps)}
     if eval_every_steps and eval_every_steps > 0:

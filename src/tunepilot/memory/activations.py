@@ -5,6 +5,7 @@ ops each implementation runs; pure arithmetic, no torch.
 
 from __future__ import annotations
 
+from tunepilot.memory import variants
 from tunepilot.model.arch import Arch, LinearSpec, lora_targets
 from tunepilot.model.flops import DTYPE_BYTES
 from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
@@ -54,21 +55,25 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     SDPA (flash / memory-efficient): q, k, v and the output (cb*(2*hq + 2*hkv)) + fp32 logsumexp.
     MLP gated (SwiGLU/GeGLU): the gate output (saved by the activation), act(gate) and the up
     output (saved by the product): 3*cb*i per routed expert; plain (GELU): the fc1 output.
+    Fused kernels (Liger, Unsloth, Transformer Engine), eager attention and DoRA change these
+    terms as memory/variants.py derives them.
     """
     h = arch.hidden_size
     hq = arch.num_heads * arch.head_dim
-    hkv = arch.num_kv_heads * arch.head_dim
     i = arch.intermediate_size
     k = arch.experts_per_token if arch.num_experts > 1 else 1
     full = spec.method.kind == "full"
-    if arch.norm_kind == "rms":
+    per_norm = variants.norm_saved_per_token(arch, spec, sb)  # a fused norm kernel's, or:
+    if per_norm is None and arch.norm_kind == "rms":
         per_norm = 4 * h + (sb * h if full else 0)
-    else:
+    elif per_norm is None:
         per_norm = (4 if sb == 4 else 2) * h
     norms = arch.norms_per_layer * per_norm
-    sdpa = cb * (2 * hq + 2 * hkv) + 4 * arch.num_heads
-    # Megatron-core's fused bias-SwiGLU saves only its (gate, up) input: 2 x i, not 3 x i
-    gated = 2 if spec.model.implementation == "megatron" else 3
+    sdpa = variants.attention_saved_per_token(arch, spec, cb)  # eager: + the s x s term
+    # Megatron-core's fused bias-SwiGLU and Liger's / Unsloth's SwiGLU and GeGLU save only the
+    # (gate, up) pair: 2 x i, not 3 x i
+    fused_glu = spec.model.implementation == "megatron" or variants.fused_mlp(arch, spec)
+    gated = 2 if fused_glu else 3
     saved_per_i = (gated if arch.mlp_kind == "gated" else 1) + python_activation_saves(arch, spec)
     mlp = saved_per_i * cb * i * k
     if arch.num_experts > 1:
@@ -78,7 +83,8 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
         parallel = arch.family == "phi" or arch.norms_per_layer == 1  # one input, attn + MLP
         total += cb * (h + hq + (0 if parallel else h) + i * k)  # attn, o, mlp, down inputs
     else:
-        total += _lora_saved_bytes_per_token(arch, spec, cb)
+        total += _lora_saved_bytes_per_token(arch, spec, cb) + \
+            variants.dora_saved_per_token(arch, spec)
     return total
 
 
@@ -93,7 +99,7 @@ which saves its input only."""
 def python_activation_saves(arch: Arch, spec: RunSpec) -> int:
     """Extra intermediate-sized tensors saved per layer by a Python-coded activation (0 for a
     fused one, and for every implementation but transformers')."""
-    if spec.model.implementation != "transformers":
+    if spec.model.implementation != "transformers" or variants.fused_mlp(arch, spec):
         return 0
     return PYTHON_ACTIVATIONS.get(arch.hidden_act, 0)
 
@@ -110,6 +116,8 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
     extra = 0
     inputs: dict[str, int] = {}
     for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
+        if lin.peft_kind == "parameter":  # fused MoE experts: memory/variants.py
+            continue
         extra += r * mult * per_feature * lin.count_per_layer
         if spec.method.lora_dropout > 0:
             extra += (1 + cb) * lin.in_features * lin.count_per_layer
@@ -127,7 +135,9 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
     output of a layer, and the SDPA outputs.
     """
     h = arch.hidden_size
-    per_layer = layer_activation_bytes_per_token(arch, spec, cb, sb) * tokens
+    per_layer = layer_activation_bytes_per_token(arch, spec, cb, sb) * tokens + \
+        variants.dora_saved_per_layer(arch, spec) + \
+        variants.parameter_lora_saved_per_layer(arch, spec, cb, tokens)
     if spec.torch_compile:  # modelled, not traced: the trace runs eager
         per_layer = int(per_layer * COMPILE_SAVED_FRACTION)
     L = arch.num_layers
@@ -151,6 +161,19 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
     return on_device(spec, L * kept, L), per_layer
 
 
+def layer_backward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
+    """The last layer's backward working set, alive with every layer's saved activations: the
+    MLP's input gradients - of the down projection's input, act(gate) and up, and gate (3 x i
+    per routed expert; 1 x i when a fused GLU writes its gradients into its saved inputs; 2 x i
+    for a plain MLP). Smaller than the loss's transient unless a loss kernel removes that."""
+    k = arch.experts_per_token if arch.num_experts > 1 else 1
+    if arch.mlp_kind != "gated":
+        per_i = 2
+    else:
+        per_i = 1 if variants.fused_mlp(arch, spec) else 3
+    return per_i * cb * arch.intermediate_size * k * tokens
+
+
 OFFLOAD_LAYERS_ON_DEVICE = 2
 """activation_offloading (torchtune's OffloadActivations): the decoder layers' saved tensors
 leave for host memory as the forward goes on and come back one layer ahead of the backward;
@@ -160,7 +183,7 @@ without offloading)."""
 
 def on_device(spec: RunSpec, saved_layers_bytes: int, num_layers: int) -> int:
     """The decoder layers' saved activations still on the device (all, unless offloaded)."""
-    if not spec.activation_offloading or num_layers <= OFFLOAD_LAYERS_ON_DEVICE:
+    if not variants.offloads_activations(spec) or num_layers <= OFFLOAD_LAYERS_ON_DEVICE:
         return saved_layers_bytes
     return saved_layers_bytes * OFFLOAD_LAYERS_ON_DEVICE // num_layers
 
@@ -184,13 +207,17 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
     if spec.model.task == "sequence-classification":
         n = spec.model.num_labels * spec.micro_batch_size
         return 4 * n, 8 * n
+    kernel = variants.loss_bytes(arch, spec, cb, precision_bytes(spec)[1], tokens)
+    if kernel is not None:  # Liger / Cut Cross-Entropy / Unsloth: memory/variants.py
+        return kernel[0], kernel[1]
     if spec.loss_is_chunked:
         t = min(tokens, CHUNKED_LOSS_TOKENS)
         retained = 4 * V * t + cb * arch.hidden_size * tokens  # hidden states for the recompute
         return retained, 8 * V * t
     if impl == "megatron":
         return cb * V * tokens, 2 * cb * V * tokens
-    return 4 * V * tokens, 8 * V * tokens
+    head_input = variants.trained_head_input_bytes(arch, spec, cb, tokens)
+    return 4 * V * tokens + head_input, 8 * V * tokens
 
 
 def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
@@ -201,6 +228,9 @@ def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int
     impl = spec.model.implementation
     if spec.model.task == "sequence-classification":
         return 4 * spec.model.num_labels * spec.micro_batch_size
+    kernel = variants.loss_bytes(arch, spec, cb, precision_bytes(spec)[1], tokens)
+    if kernel is not None:
+        return kernel[2]
     if spec.loss_is_chunked:
         return (cb + 4) * V * min(tokens, CHUNKED_LOSS_TOKENS)
     if impl == "megatron":

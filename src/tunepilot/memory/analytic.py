@@ -19,8 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cache
 
+from tunepilot.memory import variants
 from tunepilot.memory.activations import (
     CHUNKED_LOSS_TOKENS,
+    layer_backward_bytes,
     logits_bytes,
     logits_forward_bytes,
     precision_bytes,
@@ -76,6 +78,9 @@ def split_params(arch: Arch, spec: RunSpec) -> ParamSplit:
         lora = lora_param_count(arch, spec.method.lora_targets, spec.method.lora_rank or 1)
         if spec.model.task == "sequence-classification":  # PEFT's SEQ_CLS trains the head
             lora += counts.lm_head  # (a trainable copy beside the frozen original)
+        # DoRA's magnitude vectors; the modules_to_save copies (memory/variants.py)
+        lora += variants.dora_magnitude_params(arch, spec) + \
+            variants.saved_module_bytes(arch, spec)[0]
         return ParamSplit(total=counts.total + lora, trainable=lora, frozen=counts.total)
     return ParamSplit(total=counts.total, trainable=counts.total, frozen=0)
 
@@ -124,14 +129,19 @@ def _model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
     lm_head_weights = (spec.model.num_labels if spec.model.task == "sequence-classification"
                        else arch.vocab_size) * arch.hidden_size
     frozen = _frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
-    trainable_bytes = params.trainable * pb
+    copies, copy_b = variants.saved_module_bytes(arch, spec)  # modules_to_save: base dtype
+    trainable_bytes = (params.trainable - copies) * pb + copies * copy_b
     if spec.precision.endswith("-mixed"):  # the fp32 parameters updated are the master copy
         weights, master = frozen, trainable_bytes
     else:
         weights, master = frozen + trainable_bytes, 0
     impl = default_optimizer_impl(spec, stack)
-    optim, temp = optimizer_bytes(spec, params.trainable, trainable_shapes(arch, spec), impl)
-    return _States(weights, master, params.trainable * pb, optim, temp, frozen, trainable_bytes,
+    optim, temp = optimizer_bytes(spec, params.trainable - copies, trainable_shapes(arch, spec),
+                                  impl)
+    if copies:  # their state in their own dtype; foreach steps each dtype's group in turn
+        o2, t2 = variants.saved_module_optimizer_bytes(arch, spec, impl)
+        optim, temp = optim + o2, (temp + t2 if copy_b == pb else max(temp, t2))
+    return _States(weights, master, trainable_bytes, optim, temp, frozen, trainable_bytes,
                    linear_weights, lm_head_weights, notes=notes)
 
 
@@ -202,6 +212,8 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         casts_bwd = casts_fwd if spec.activation_checkpointing == "none" else \
             2 * s.lm_head_weights // shard
     logits_kept, logits_transient = logits_bytes(arch, spec, cb, tokens)
+    layer_bwd = layer_backward_bytes(arch, spec, cb, tokens) if \
+        spec.activation_checkpointing == "none" else 0  # (checkpointed: the recompute's)
     logits_fwd = logits_forward_bytes(arch, spec, cb, tokens)  # lm_head output + fp32 upcast
     linears = linear_modules(arch)
     dequant = 2 * max(m.in_features * m.out_features for m in linears) \
@@ -215,14 +227,16 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         grads = min(s.grads, pb * largest)
         optim_temp = min(s.optim_temp, pb * largest)
     states = (s.weights, s.master)
+    dora = variants.dora_transient(arch, spec)  # each DoRA forward's weight-sized temporaries
+    recompute = dora if spec.activation_checkpointing != "none" else 0
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
-                   logits_fwd + s.unsharded, s.buckets),
+                   max(logits_fwd, dora) + s.unsharded, s.buckets),
         Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
-                   logits_transient + s.unsharded, s.buckets),
+                   max(logits_transient, layer_bwd) + s.unsharded, s.buckets),
         Phase.make("backward-end", *states, grads, s.optim, layer_ws,
-                   cb * largest + dequant + s.unsharded + (optim_temp if grads < s.grads
-                                                           else 0), s.buckets),
+                   cb * largest + dequant + recompute + s.unsharded + (
+                       optim_temp if grads < s.grads else 0), s.buckets),
         Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
         _validation_phase(spec, arch, s, cb, sb),
     ]
@@ -239,6 +253,8 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: _States, cb: int, sb: int) -
     k = arch.experts_per_token if arch.num_experts > 1 else 1
     mlp = (3 if arch.mlp_kind == "gated" else 2) * cb * arch.intermediate_size * k * tokens
     log_softmax, _ = logits_bytes(arch, spec, cb, tokens)
+    if variants.loss_bytes(arch, spec, cb, sb, tokens) is not None:
+        log_softmax = 0  # a loss kernel keeps nothing without gradients
     loss = logits_forward_bytes(arch, spec, cb, tokens) + log_softmax
     transient = max(mlp, loss) + s.unsharded  # the layers' transients are gone at the loss
     return Phase.make("validation", s.weights, s.master, 0, s.optim, 0, transient, s.buckets)
@@ -296,6 +312,8 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
         notes.append(f"activation {arch.hidden_act}: " + (
             f"transformers runs it as Python elementwise ops ({extra} more intermediate-sized "
             "tensors saved per layer)" if extra else
+            f"{variants.fused_mlp(arch, spec)}'s fused GeGLU replaces it" if
+            variants.fused_mlp(arch, spec) else
             f"{impl} calls the fused tanh GELU (its input saved only)"))
     if spec.torch_compile:
         notes.append("torch_compile: Inductor's partitioner recomputes pointwise ops - saved "
@@ -305,9 +323,7 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
     if spec.model.task == "sequence-classification":
         notes.append(f"task sequence-classification: a {spec.model.num_labels}-label head on "
                      "the last token - no vocabulary logits")
-    norm = "RMSNorm" if arch.norm_kind == "rms" else "LayerNorm"
-    notes.append(f"attention: SDPA flash/memory-efficient kernel (no s x s matrix); "
-                 f"norms as Hugging Face's {norm}")
+    notes += variants.kernel_notes(arch, spec)
     opt_impl = default_optimizer_impl(spec, stack)
     if spec.optimizer.name in ("adamw", "paged_adamw", "sgd"):
         notes.append(f"optimizer step: {opt_impl} implementation "

@@ -48,6 +48,12 @@ from tunepilot.memory.analytic import (
 )
 from tunepilot.memory.fit import DEFAULT_HEADROOM, fit_card
 from tunepilot.memory.trace_result import TracedPhase, TraceJob, TraceResult
+from tunepilot.memory.variants import (
+    in_use,
+    kernel_notes,
+    offloads_activations,
+    without_offload,
+)
 from tunepilot.model.arch import Arch, resolve_model_config
 from tunepilot.results.plan import MemoryPlan, ParamSplit, Phase
 from tunepilot.spec import RunSpec
@@ -162,8 +168,10 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     (``arch`` for what is modelled on top of the trace: activation offloading)."""
     N, strategy = spec.parallel.world_size, spec.parallel.strategy
     notes = list(raw.notes)
+    if arch is not None and in_use(spec):  # what the kernels and adapter variants change
+        notes += kernel_notes(arch, spec)
     phases_in = [dict(_phase_bytes(p), name=p.name) for p in raw.phases]
-    if spec.activation_offloading or spec.optimizer_in_backward:
+    if offloads_activations(spec) or spec.optimizer_in_backward:
         phases_in = _levers_on_trace(spec, arch, raw, phases_in)
         notes += lever_notes(spec)
     if spec.torch_compile:  # the trace runs eager: compile's fusion is modelled on top of it
@@ -352,12 +360,12 @@ def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, phases:
 
     largest = max((b for _, b, t in raw.model.param_rows if t), default=0)
     keep, logits_kept = 1.0, 0
-    if spec.activation_offloading:
+    if offloads_activations(spec):  # torchtune's, or Unsloth's offloaded checkpointing
         if arch is None:
             raise ValueError("activation_offloading on a traced plan needs the architecture")
         cb, sb, _ = precision_bytes(spec)
         tokens = spec.tokens_per_micro_batch
-        plain = spec.with_changes(activation_offloading=False)
+        plain = without_offload(spec)
         full, _ = saved_activations(arch, plain, cb, sb, tokens)
         dev, _ = saved_activations(arch, spec, cb, sb, tokens)
         keep = dev / full if full else 1.0

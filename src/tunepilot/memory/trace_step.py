@@ -100,6 +100,7 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
 
     def prepare(model):
         fused_activations(model, spec, t.notes)
+        kernel_standins(model, spec, config, t.notes)
         if t.fake_mode is not None:
             to_fake(model, t.fake_mode)
         if spec.method.kind == "qlora":
@@ -135,6 +136,20 @@ def fused_activations(model, spec: RunSpec, notes: list[str]) -> int:
         notes.append(f"model.implementation {spec.model.implementation}: {swapped} Python GELU "
                      "modules of transformers' code traced as the fused tanh GELU it calls")
     return swapped
+
+
+def kernel_standins(model, spec: RunSpec, config: dict, notes: list[str]) -> int:
+    """The spec's GPU kernels as PyTorch stand-ins that save what they save
+    (memory/kernel_standins.py); attention implementations the CPU cannot run, said."""
+    if spec.kernels.attention in ("flash-attention-2", "flash-attention-3", "flex"):
+        notes.append(f"attention {spec.kernels.attention}: a GPU kernel; traced as SDPA's flash "
+                     "kernel, which saves the same (q, k, v, output, fp32 logsumexp)")
+    if not spec.kernels.any:
+        return 0
+    from tunepilot.memory.kernel_standins import apply_kernel_standins
+    from tunepilot.model.arch import Arch
+
+    return apply_kernel_standins(model, spec, Arch.from_config(config), notes)
 
 
 def register_model(tracker: StorageTracker, model, spec, nf4: dict) -> dict:

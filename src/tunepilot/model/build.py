@@ -38,6 +38,13 @@ def parameter_dtype(spec: RunSpec) -> str:
     return "bf16" if spec.precision == "bf16-true" else "fp32"
 
 
+def attention_impl(spec: RunSpec) -> str:
+    """transformers' attn_implementation tunepilot builds: eager when the spec says so, else
+    sdpa (flash-attention 2/3 and flex need their GPU kernels: SDPA's flash kernel saves the
+    same and stands in for them, said where it is used)."""
+    return "eager" if spec.kernels.attention == "eager" else "sdpa"
+
+
 def hf_config(spec: RunSpec, base_dir: Path | None = None, config: dict | None = None):
     """transformers' config object for the spec's model (SDPA attention, no KV cache)."""
     from transformers import AutoConfig
@@ -76,7 +83,7 @@ def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: 
             raise UserError("model.weights", f"{str(path)!r} is not a local Hugging Face "
                             "checkpoint directory (no config.json).",
                             "Use 'random' or the path of a directory saved by save_pretrained().")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa",
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention_impl(spec),
                                                      local_files_only=True)
         model.to(device)
     elif spec.model.task == "sequence-classification":
@@ -87,10 +94,10 @@ def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: 
             hf.pad_token_id = 0  # the head pools the last non-pad token: it needs one
         with torch.device(device):
             model = AutoModelForSequenceClassification.from_config(
-                hf, attn_implementation="sdpa", dtype=dtype)
+                hf, attn_implementation=attention_impl(spec), dtype=dtype)
     else:
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", dtype=dtype)
+            model = AutoModelForCausalLM.from_config(hf, attn_implementation=attention_impl(spec), dtype=dtype)
     model.config.use_cache = False
     if spec.method.is_lora:
         model = apply_lora(spec, model)
@@ -101,29 +108,54 @@ def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: 
 def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
     """PEFT LoRA with the spec's rank, alpha, dropout and targets: adapters in fp32 (PEFT's
     default autocast_adapter_dtype=True), or in bf16 with method.adapter_dtype: bf16 (LitGPT's
-    and torchtune's pure-bf16 runs)."""
+    and torchtune's pure-bf16 runs); DoRA (use_dora), rsLoRA (use_rslora) and modules trained
+    in full beside the adapters (modules_to_save) as the spec's method says."""
     from peft import LoraConfig, get_peft_model
 
     m = spec.method
     targets = m.lora_targets if m.lora_targets == "all-linear" else list(m.lora_targets)
+    params = expert_parameters(model, targets)  # LoRA on raw parameters: fused MoE experts
+    if params:
+        targets = [t for t in targets if t not in params]
     cfg = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
-                     target_modules=targets, bias="none",
+                     target_modules=targets, bias="none", use_dora=m.dora,
+                     target_parameters=[params[t] for t in params] or None,
+                     use_rslora=m.rslora, modules_to_save=list(m.modules_to_save) or None,
                      task_type="SEQ_CLS" if spec.model.task == "sequence-classification" else
                      "CAUSAL_LM")
     bf16 = m.adapter_dtype == "bf16"
     try:
         peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=not bf16)
     except ValueError as exc:
-        raise UserError("method.lora_targets", f"PEFT cannot apply LoRA to {targets!r}: {exc}",
+        field = "method.modules_to_save" if m.modules_to_save and "modules_to_save" in str(
+            exc) else "method.lora_targets"
+        raise UserError(field, f"PEFT cannot apply LoRA to {targets!r}: {exc}",
                         "Use module names of this model (e.g. q_proj, v_proj) or 'all-linear'."
                         ) from None
     if bf16:
         import torch
 
         for name, p in peft_model.named_parameters():
-            if "lora_" in name:
+            if "lora_" in name:  # adapters and DoRA's magnitude (not modules_to_save copies)
                 p.data = p.data.to(torch.bfloat16)
     return peft_model
+
+
+def expert_parameters(model, targets) -> dict[str, str]:
+    """Target names that are raw parameters, not modules (transformers >= 5 fuses each layer's
+    MoE experts into experts.gate_up_proj / experts.down_proj): name -> the parameter's path
+    in a layer, for PEFT's target_parameters (its 4.x aliases w1/w2/w3 PEFT maps itself)."""
+    if not isinstance(targets, list):
+        return {}
+    modules = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    out = {}
+    for t in targets:
+        if t in modules:
+            continue
+        hit = next((n for n, _ in model.named_parameters() if n.endswith("." + t)), None)
+        if hit is not None:  # model.layers.0.mlp.experts.gate_up_proj -> mlp.experts.gate_up_proj
+            out[t] = ".".join(hit.split(".")[3:]) if ".layers." in hit else t
+    return out
 
 
 def _every_other_mm_contexts():
@@ -207,7 +239,7 @@ def _build_qlora(spec: RunSpec, device, base_dir, config) -> torch.nn.Module:
     hf = hf_config(spec, base_dir, config)
     torch.manual_seed(spec.seed)
     with torch.device("cpu"):
-        model = AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa",
+        model = AutoModelForCausalLM.from_config(hf, attn_implementation=attention_impl(spec),
                                                  dtype=torch.bfloat16)
     skip = set() if spec.method.quantize_lm_head else {"lm_head"}
     for _, module in list(model.named_modules()):

@@ -49,6 +49,8 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     pilot_spec, notes = single_device_spec(spec)
     pilot_spec, modelled = without_modelled_levers(pilot_spec)
     notes += modelled
+    pilot_spec, kernels = without_gpu_kernels(pilot_spec)
+    notes += kernels
     check_device_features(pilot_spec, info)
     arch = resolve_arch(pilot_spec, options.base_dir)
     plan = analytic_plan(pilot_spec, arch, info.kind)
@@ -136,6 +138,32 @@ def without_modelled_levers(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     notes = [f"{k}: {MODELLED_LEVERS[k]}; its effect is modelled in the plan, not measured here"
              for k in on]
     return spec.with_changes(**{k: False for k in on}), notes
+
+
+def without_gpu_kernels(spec: RunSpec) -> tuple[RunSpec, list[str]]:
+    """The kernels tunepilot's step does not build (Triton / CUDA kernels: Liger, Cut
+    Cross-Entropy, Unsloth, Transformer Engine, flash-attention, flex) are left out of the pilot,
+    which runs transformers' stock path (SDPA attention), each with a note: their memory is in
+    the plan, their effect is not measured here. Eager attention, DoRA, rsLoRA and
+    modules_to_save run for real (transformers and PEFT build them)."""
+    k = spec.kernels
+    off = {"liger": [], "cut_cross_entropy": False, "unsloth": False,
+           "unsloth_gradient_checkpointing": False, "transformer_engine": False}
+    on = [f"liger {', '.join(k.liger)}" if k.liger else "",
+          "cut_cross_entropy" if k.cut_cross_entropy else "", "unsloth" if k.unsloth else "",
+          "unsloth_gradient_checkpointing" if k.unsloth_gradient_checkpointing else "",
+          "transformer_engine" if k.transformer_engine else ""]
+    if k.attention in ("flash-attention-2", "flash-attention-3", "flex"):
+        on.append(f"attention {k.attention}")
+        off["attention"] = "sdpa"
+    on = [x for x in on if x]
+    if not on:
+        return spec, []
+    kernels = dict(k.model_dump(), **off)
+    return spec.with_changes(kernels=kernels), [
+        f"kernels {'; '.join(on)}: GPU kernels tunepilot's step does not build - the pilot ran "
+        "transformers' stock path (SDPA attention) and did NOT measure them; their memory is "
+        "in the plan (memory/variants.py), their speed in the time model"]
 
 
 def local_memory(info: DeviceInfo) -> tuple[int, str]:

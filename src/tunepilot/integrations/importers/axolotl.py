@@ -7,6 +7,7 @@ bf16 weights with bf16 optimizer state (``bf16-true``); LoRA keeps fp32 adapters
 
 from __future__ import annotations
 
+from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
     deepspeed_strategy,
@@ -37,6 +38,9 @@ KNOWN = MAPPED | {
     "eval_table_size", "eval_max_new_tokens", "debug", "special_tokens", "tokens", "hub_model_id",
     "push_dataset_to_hub", "max_grad_norm", "lr_scheduler_kwargs", "cosine_min_lr_ratio",
     "plugins", "liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_fused_linear_cross_entropy",
+    "liger_layer_norm", "liger_cross_entropy", "cut_cross_entropy", "eager_attention",
+    "flex_attention", "unsloth_cross_entropy_loss", "unsloth_lora_mlp", "unsloth_lora_qkv",
+    "unsloth_lora_o", "unsloth_rms_norm", "unsloth_rope", "lora_target_parameters",
     "save_total_limit", "eval_sample_packing", "save_safetensors", "shuffle_merged_datasets",
     "peft_use_dora", "peft_use_rslora", "lora_modules_to_save", "unfrozen_parameters",
     "gradient_checkpointing_kwargs", "ddp_timeout", "seed", "chat_template_jinja",
@@ -78,15 +82,96 @@ def convert(m: Mapper) -> None:
     gc = m.get("gradient_checkpointing")
     if gc:
         m.set("activation_checkpointing", "full", "gradient_checkpointing")
-        if isinstance(gc, str) and gc not in ("true", "True"):
+        if isinstance(gc, str) and gc.lower() in ("offload", "unsloth"):  # layer inputs to host
+            m.set("kernels.unsloth_gradient_checkpointing", True, "gradient_checkpointing")
+            m.note(f"gradient_checkpointing {gc!r}: the checkpointed layer inputs offloaded to "
+                   "host memory (planned as Unsloth's offloaded checkpointing)")
+        elif isinstance(gc, str) and gc not in ("true", "True"):
             m.note(f"gradient_checkpointing {gc!r} is planned as full checkpointing")
     if truthy(m.get("torch_compile")):
         m.set("torch_compile", True, "torch_compile")
     if truthy(m.get("activation_offloading")):
         m.set("activation_offloading", True, "activation_offloading")
     _parallel(m)
+    _kernels(m)
     _data(m)
     _target(m)
+
+
+_LIGER_KEYS = {"liger_rms_norm": "rms_norm", "liger_rope": "rope", "liger_layer_norm": "layer_norm",
+               "liger_fused_linear_cross_entropy": "fused_linear_cross_entropy",
+               "liger_cross_entropy": "cross_entropy"}
+# axolotl's Unsloth kernel keys, planned as the Liger kernel that saves the same tensors
+_UNSLOTH_KEYS = {"unsloth_rms_norm": "rms_norm", "unsloth_rope": "rope",
+                 "unsloth_cross_entropy_loss": "cross_entropy", "unsloth_lora_mlp": "swiglu"}
+
+
+def _kernels(m: Mapper) -> None:
+    """Attention (flash_attention, sdp_attention, eager_attention, flex_attention), the Liger and
+    Cut Cross-Entropy plugins' keys, axolotl's Unsloth kernel keys, and the adapter variants."""
+    for key, impl in (("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"),
+                      ("eager_attention", "eager"), ("flex_attention", "flex_attention")):
+        if truthy(m.get(key)):
+            importer_kernels.attention(m, key, impl)
+    if truthy(m.get("xformers_attention")):
+        importer_kernels.attention(m, "xformers_attention", "sdpa")
+        m.note("xformers_attention: memory-efficient attention, planned as sdpa (no s x s)")
+    if truthy(m.get("s2_attention")):
+        m.note("s2_attention (shifted sparse attention) is planned as flash attention")
+    plugins = " ".join(str(p) for p in (m.get("plugins") or []))
+    on = [k for k in _LIGER_KEYS if truthy(m.get(k))]
+    for key in on:
+        importer_kernels.liger(m, key, [_LIGER_KEYS[key]])
+    if truthy(m.get("liger_glu_activation")):
+        importer_kernels.liger(m, "liger_glu_activation", ["swiglu"])
+        on.append("liger_glu_activation")
+    if on and importer_kernels.LIGER_PLUGIN not in plugins:
+        m.note("liger_* keys without plugins: [axolotl.integrations.liger.LigerPlugin]: "
+               "planned as if the plugin is listed (axolotl needs it for them to act)")
+    if truthy(m.get("cut_cross_entropy")):
+        m.set("kernels.cut_cross_entropy", True, "cut_cross_entropy")
+        if importer_kernels.CCE_PLUGIN not in plugins:
+            m.note("cut_cross_entropy without the CutCrossEntropyPlugin in plugins: planned "
+                   "as if it is listed")
+    if on or truthy(m.get("cut_cross_entropy")):
+        m.mapped["plugins"] = "kernels"
+    unsloth = [k for k in _UNSLOTH_KEYS if truthy(m.get(k))]
+    for key in unsloth:
+        importer_kernels.liger(m, key, [_UNSLOTH_KEYS[key]])
+    m.used.update({"unsloth_lora_qkv", "unsloth_lora_o"})
+    if unsloth:
+        m.note(f"{', '.join(unsloth)}: Unsloth's kernels, planned as the Liger kernels that save "
+               "the same tensors (norm: input + fp32 rstd; MLP: gate and up; cross-entropy: "
+               "gradient in the logits); unsloth_lora_qkv/o: planned as PEFT's LoRA layers")
+    importer_kernels.method_variants(m, dora="peft_use_dora", rslora="peft_use_rslora",
+                                     modules=("lora_modules_to_save",))
+    importer_kernels.lora_target_parameters(m, "lora_target_parameters")
+    _unfrozen(m)
+
+
+def _unfrozen(m: Mapper) -> None:
+    """unfrozen_parameters: regexes of the parameters that train. The embeddings and lm_head
+    under an adapter are trained in full (as modules_to_save); a full fine-tune that freezes
+    the rest is planned with every parameter trained (an upper bound)."""
+    patterns = importer_kernels.module_list(m.get("unfrozen_parameters"))
+    if not patterns:
+        return
+    full = m.spec.get("method", {}).get("kind") == "full"
+    names = [n for n in ("embed_tokens", "lm_head") if any(n in p for p in patterns)]
+    if full:
+        m.set("method.kind", "full", "unfrozen_parameters")
+        m.note("unfrozen_parameters on a full fine-tune: planned with every parameter trained "
+               "(gradients and optimizer state for all: an upper bound)")
+        return
+    if names:
+        importer_kernels.method_variants(m, modules=())
+        got = m.spec.get("method", {}).get("modules_to_save", [])
+        m.set("method.modules_to_save", got + [n for n in names if n not in got],
+              "unfrozen_parameters")
+    rest = [p for p in patterns if not any(n in p for n in ("embed_tokens", "lm_head"))]
+    if rest:
+        m.note(f"unfrozen_parameters {rest}: layers unfrozen beside the adapters are not "
+               "modelled (only embed_tokens / lm_head are: trained in full)")
 
 
 def _method(m: Mapper) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
     deepspeed_strategy,
@@ -37,7 +38,7 @@ KNOWN = MAPPED | {
     "save_only_model", "report_to", "warmup_ratio", "ddp_timeout", "resume_from_checkpoint",
     "eval_dataset", "val_size", "per_device_eval_batch_size", "eval_strategy", "eval_steps",
     "flash_attn", "use_unsloth", "enable_liger_kernel", "rope_scaling", "shift_attn",
-    "use_dora", "pissa_init", "additional_target", "create_new_adapter", "adapter_name_or_path",
+    "use_dora", "pissa_init", "additional_target", "use_rslora", "use_unsloth_gc", "create_new_adapter", "adapter_name_or_path",
     "export_dir", "export_size", "freeze_trainable_layers", "freeze_trainable_modules",
     "tokenized_path", "streaming", "mix_strategy", "upcast_layernorm", "upcast_lmhead_output",
     "max_grad_norm", "save_strategy", "load_best_model_at_end", "run_name", "hub_model_id",
@@ -86,6 +87,7 @@ def convert(m: Mapper) -> None:
         m.note("LLaMA-Factory checkpoints activations unless disable_gradient_checkpointing")
     if m.has("deepspeed"):
         deepspeed_strategy(m, "deepspeed", m.get("deepspeed"))
+    _kernels(m)
     _data(m)
     steps, epochs = number(m, "max_steps"), number(m, "num_train_epochs", float)
     if steps and steps > 0:
@@ -123,6 +125,31 @@ def _method(m: Mapper) -> None:
           "lora_target")
     if qlora and truthy(m.get("double_quantization", True)):
         m.set("method.double_quant", True, "double_quantization")
+
+
+def _kernels(m: Mapper) -> None:
+    """flash_attn (fa2|sdpa|disabled|auto), enable_liger_kernel, use_unsloth and use_unsloth_gc,
+    and the adapter variants: use_dora, use_rslora, additional_target (modules trained in full:
+    LLaMA-Factory passes them to PEFT's modules_to_save)."""
+    importer_kernels.attention(m, "flash_attn", m.get("flash_attn", "auto"))
+    if not m.has("flash_attn"):
+        m.mapped.pop("flash_attn", None)
+    if truthy(m.get("enable_liger_kernel")):
+        importer_kernels.liger_default(m, "enable_liger_kernel")
+    if truthy(m.get("use_unsloth")):
+        m.set("kernels.unsloth", True, "use_unsloth")
+        if m.spec.get("kernels", {}).get("liger"):  # Unsloth's kernels replace Liger's
+            m.spec["kernels"].pop("liger")
+            m.note("use_unsloth with enable_liger_kernel: Unsloth's kernels are planned")
+    if truthy(m.get("use_unsloth_gc")):
+        if m.spec.get("activation_checkpointing") != "full":
+            m.set("activation_checkpointing", "full", "use_unsloth_gc")
+        m.set("kernels.unsloth_gradient_checkpointing", True, "use_unsloth_gc")
+    if m.spec.get("method", {}).get("kind") == "full":
+        m.used.update({"use_dora", "use_rslora", "additional_target"})
+        return
+    importer_kernels.method_variants(m, dora="use_dora", rslora="use_rslora",
+                                     modules=("additional_target",))
 
 
 def _data(m: Mapper) -> None:

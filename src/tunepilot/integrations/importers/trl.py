@@ -10,6 +10,7 @@ model in fp32 unless the file says ``torch_dtype``/``dtype``.
 
 from __future__ import annotations
 
+from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
     deepspeed_strategy,
@@ -36,6 +37,7 @@ TRAINING_ARGS = {
     "label_names", "load_best_model_at_end", "metric_for_best_model", "group_by_length",
     "ignore_data_skip", "disable_tqdm", "logging_first_step", "bf16_full_eval", "save_only_model",
     "include_num_input_tokens_seen", "neftune_noise_alpha", "use_liger_kernel", "average_tokens_across_devices",
+    "liger_kernel_config",
 }
 MODEL_ARGS = {"model_name_or_path", "model_revision", "torch_dtype", "dtype", "trust_remote_code",
               "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
@@ -52,7 +54,8 @@ PEFT_BNB = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type", "b
             "modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
             "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage",
             "max_seq_length", "max_length", "train_file", "dataset_name", "model_name_or_path",
-            "torch_dtype", "dtype", "use_peft", "lora_r", "block_size"}
+            "torch_dtype", "dtype", "use_peft", "lora_r", "block_size", "use_dora", "use_rslora",
+            "attn_implementation"}
 TRL_KNOWN = TRAINING_ARGS | MODEL_ARGS | SFT_ARGS
 HF_KNOWN = TRAINING_ARGS | PEFT_BNB
 
@@ -80,6 +83,7 @@ def convert_trl(m: Mapper) -> None:
     _method(m, peft, rank_key="lora_r", targets_key="lora_target_modules", rank_default=16,
             alpha_default=32.0, dropout_default=0.05)
     _training(m, trl=True)
+    _kernels(m, trl=True)
     seq = number(m, "max_length") or number(m, "max_seq_length")
     m.set("sequence_length", seq or 1024, "max_length", "max_seq_length")
     if not seq:
@@ -94,6 +98,7 @@ def convert_hf(m: Mapper) -> None:
     _method(m, peft, rank_key="r", targets_key="target_modules", rank_default=8,
             alpha_default=8.0, dropout_default=0.0)
     _training(m, trl=False)
+    _kernels(m, trl=False)
     seq = number(m, "max_seq_length") or number(m, "max_length") or number(m, "block_size")
     if seq:
         m.set("sequence_length", seq, "max_seq_length", "max_length", "block_size")
@@ -135,6 +140,31 @@ def _method(m: Mapper, peft: bool, *, rank_key: str, targets_key: str, rank_defa
             "bnb_4bit_use_double_quant"))):
         m.set("method.double_quant", True, "use_bnb_nested_quant", "bnb_4bit_use_double_quant")
     m.used.update({"bnb_4bit_quant_type", "bnb_4bit_compute_dtype"})
+
+
+def _kernels(m: Mapper, *, trl: bool) -> None:
+    """use_liger_kernel (and liger_kernel_config), attn_implementation (ModelConfig, or
+    model_init_kwargs), DoRA / rsLoRA / modules_to_save, LoRA on raw parameters (MoE experts)."""
+    if truthy(m.get("use_liger_kernel")):
+        config = m.get("liger_kernel_config")
+        if config is not None:
+            importer_kernels.liger_config(m, "liger_kernel_config", config)
+            m.mapped["use_liger_kernel"] = "kernels.liger"
+        else:
+            importer_kernels.liger_default(m, "use_liger_kernel")
+    init = m.get("model_init_kwargs") or {}
+    attn = m.get("attn_implementation") or (init.get("attn_implementation")
+                                            if isinstance(init, dict) else None)
+    if attn is not None:
+        key = "attn_implementation" if m.has("attn_implementation") else "model_init_kwargs"
+        importer_kernels.attention(m, key, attn)
+    if m.spec.get("method", {}).get("kind") == "full":
+        m.used.update({"use_dora", "use_rslora", "lora_modules_to_save", "modules_to_save"})
+        return
+    importer_kernels.method_variants(m, dora="use_dora", rslora="use_rslora",
+                                     modules=("lora_modules_to_save", "modules_to_save"))
+    if trl:
+        importer_kernels.lora_target_parameters(m, "lora_target_parameters")
 
 
 def _training(m: Mapper, *, trl: bool) -> None:
