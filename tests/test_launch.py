@@ -63,6 +63,54 @@ def test_bad_tables_exit_2_naming_the_problem(tmp_path, edit, words):
     assert not (tmp_path / "c.yaml").exists()
 
 
+_ROW = CSV.read_text().splitlines()[1]  # an H100 row: ...,H100,8.0,...,98.32,,us-east-1,...
+
+
+@pytest.mark.parametrize("edit,field,words", [
+    (lambda t: t.replace(",H100,8.0,", ",H100,nan,", 1), "AcceleratorCount", "whole count"),
+    (lambda t: t.replace(",H100,8.0,", ",H100,inf,", 1), "AcceleratorCount", "whole count"),
+    (lambda t: t.replace(",H100,8.0,", ",H100," + "9" * 40 + ",", 1), "AcceleratorCount",
+     "whole count"),
+    (lambda t: t + "p5.48xlarge,H100\n", "row 10", "has 2 of the header's 10 columns"),
+    (lambda t: t + _ROW + ",extra,fields\n", "row 10", "more columns than the header"),
+    (lambda t: t.replace(",110.40,41.20,", ",110.40,1e308,", 1), "SpotPrice",
+     "not a plausible price"),
+    (lambda t: t.replace(",110.40,41.20,", ",110.40,0,", 1), "SpotPrice", "a price > 0"),
+    (lambda t: t.replace(",98.32,", ",0.0,", 1), "Price", "a price > 0"),
+])
+def test_hostile_table_values_exit_2_naming_row_and_column(tmp_path, edit, field, words):
+    bad = tmp_path / "vms.csv"
+    bad.write_text(edit(CSV.read_text()))
+    proc = _cli("catalog", "import", bad, "--out", tmp_path / "c.yaml")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and field in proc.stderr and words in proc.stderr
+    assert not (tmp_path / "c.yaml").exists()
+
+
+def test_a_100000_row_table_imports_in_seconds(tmp_path):
+    """Every H200 row lists its own wrong memory and every unknown accelerator is new: the
+    warnings and unknowns are summarised, not one line per row."""
+    import time
+
+    rows = CSV.read_text().splitlines()
+    h200 = next(r for r in rows if ",H200," in r)
+    lines = [rows[0]]
+    for i in range(100_000):
+        if i % 2:
+            lines.append(h200.replace("'SizeInMiB': 81920", f"'SizeInMiB': {1000 + i}"))
+        else:
+            lines.append(rows[6].replace(",L4,", f",X{i},").replace("g6.xlarge", f"g{i}.x"))
+    big = tmp_path / "big.csv"
+    big.write_text("\n".join(lines) + "\n")
+    t = time.perf_counter()
+    proc = _cli("catalog", "import", big, "--out", tmp_path / "c.yaml", timeout=300)
+    took = time.perf_counter() - t
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert took < 10, f"{took:.1f} s"
+    assert len(proc.stdout.splitlines()) < 80  # a summary, not 100,000 lines
+    assert "50,000 rows" in proc.stdout and "H200" in proc.stdout
+
+
 def test_a_partial_override_only_needs_the_keys_it_changes(tmp_path):
     cat = tmp_path / "c.yaml"
     cat.write_text(yaml.safe_dump({"schema_version": 1, "cards": [
