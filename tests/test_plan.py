@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +216,25 @@ def test_user_catalog_card_is_fitted(tmp_path):
     plan = make_plan(spec(method={"kind": "lora"}), catalog=load_catalog(cat),
                      card_ids=["h100nvl"])
     assert plan.cards[0].capacity_bytes == 94 * 10**9
+
+
+@pytest.mark.parametrize("name,words,not_words", [
+    ("paged_adamw_8bit", "8-bit state", "state fp32"),
+    ("adamw_8bit", "8-bit state", "state fp32"),
+    ("adafactor", "factored", "state fp32"),
+    ("adamw", "state fp32", "8-bit"),
+])
+def test_the_plan_header_names_the_optimizer_state_it_counts(tmp_path, name, words, not_words):
+    import yaml
+
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"model": {"preset": "tiny"}, "method": {"kind": "full"},
+                                 "precision": "bf16-mixed", "sequence_length": 64,
+                                 "micro_batch_size": 1, "optimizer": {"name": name}}))
+    exe = Path(sys.executable).with_name("tunepilot")
+    out = subprocess.run([str(exe), "plan", str(p), "--card", "h100"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ,
+                                                      "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    header = next(line for line in out.stdout.splitlines() if line.startswith("params:"))
+    assert words in header and not_words not in header, header
