@@ -279,7 +279,8 @@ class Ledger:
         process ever sees a half-made ledger (another process creating it at the same moment,
         or a full disk, leaves either a whole ledger or none)."""
         path = Path(path) if path is not None else default_db_path()
-        if not path.exists():
+        in_memory = str(path) == ":memory:"  # SQLite's own name for a private in-memory ledger
+        if not in_memory and not path.exists():
             _create(cls, path)
         elif path.is_file() and path.stat().st_size == 0:
             raise UserError("db", f"{str(path)!r} is an empty file, not a tunepilot ledger: "
@@ -289,7 +290,8 @@ class Ledger:
                             "new ledger is created; otherwise pass the ledger's real file with "
                             "--db.")
         try:
-            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn = sqlite3.connect(":memory:" if in_memory else path, timeout=BUSY_TIMEOUT_S,
+                                   isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise UserError("db", f"cannot open the ledger {str(path)!r}: {exc}.",
                             "Pass a writable file path with --db.") from None
