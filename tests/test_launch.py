@@ -165,3 +165,102 @@ def test_launch_bad_input_exits_2(tmp_path, args, field):
     proc = _cli(*base, *args)
     assert proc.returncode == 2, proc.stderr
     assert field in proc.stderr and "Traceback" not in proc.stderr
+
+
+FAKE_SRUN = r'''#!/bin/bash
+# a 2-node allocation: srun runs its command once per node with that node's SLURM_NODEID
+nodes=2; args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes=*) nodes="${1#--nodes=}";;
+    -w) shift;;
+    --*) ;;
+    *) break;;
+  esac
+  shift
+done
+pids=()
+for ((i = 0; i < nodes; i++)); do
+  SLURM_NODEID=$i SLURM_PROCID=$i "$@" & pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+'''
+
+
+def _fake_bin(tmp_path: Path) -> Path:
+    import os
+
+    b = tmp_path / "bin"
+    b.mkdir()
+    scripts = {
+        "srun": FAKE_SRUN,
+        "scontrol": "#!/bin/bash\nprintf 'node-a\\nnode-b\\n'\n",
+        "tunepilot": f"#!/bin/bash\necho \"node=$SLURM_NODEID $*\" >> {tmp_path}/calls\n",
+        "python": f"#!/bin/bash\necho \"python $*\" >> {tmp_path}/calls\n",
+    }
+    for name, body in scripts.items():
+        (b / name).write_text(body)
+        os.chmod(b / name, 0o755)
+    return b
+
+
+def test_slurm_gives_every_node_its_own_rank_and_out_and_kills_on_a_bad_exit(tmp_path):
+    """Run the written sbatch script on a fake 2-node allocation: the batch shell runs on node 0
+    (SLURM_NODEID=0 there), srun runs one task per node."""
+    import os
+
+    out = tmp_path / "pilot.sbatch"
+    proc = _cli("launch", SPEC, "--card", "h100", "--count", "16", "--via", "slurm", "--out",
+                out, "--hours", "2")
+    assert proc.returncode == 0, proc.stderr
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}",
+           "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_NODEID": "0", "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "7"}
+    run = subprocess.run(["bash", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    calls = (tmp_path / "calls").read_text().splitlines()
+    scale = sorted(c for c in calls if " scale " in c)
+    assert len(scale) == 2
+    ranks = [c.split("--node-rank ")[1].split()[0] for c in scale]
+    outs = [c.split("--out ")[1].split()[0] for c in scale]
+    assert sorted(ranks) == ["0", "1"], scale  # each node its own rank
+    assert len(set(outs)) == 2, scale  # each node its own directory on the shared filesystem
+    for c in scale:
+        node = c.split()[0].removeprefix("node=")
+        assert f"--node-rank {node} " in c and c.split("--out ")[1].split()[0].endswith(
+            f"node{node}")
+    assert out.read_text().count("srun --kill-on-bad-exit=1") == 2  # one failing node ends all
+
+
+@pytest.mark.parametrize("via", ["slurm", "skypilot"])
+def test_launch_installs_this_tunepilot_not_the_package_index(tmp_path, via):
+    out = tmp_path / "f"
+    proc = _cli("launch", SPEC, "--card", "h100", "--count", "1", "--via", via, "--out", out,
+                "--json")
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert 'install "tunepilot[' not in text  # never the index when a source tree is here
+    if via == "skypilot":
+        task = yaml.safe_load(text)
+        assert 'pip install "$HOME/.tunepilot/src[torch,gpu]"' in task["setup"]
+        assert task["file_mounts"]["~/.tunepilot/src/src"] == str(ROOT / "src")
+        assert task["file_mounts"]["~/.tunepilot/src/pyproject.toml"] == str(
+            ROOT / "pyproject.toml")
+    else:
+        assert f'python -m pip install "{ROOT}[torch,gpu]"' in text
+    wheel = tmp_path / "tunepilot-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK\x05\x06" + b"\0" * 18)
+    proc = _cli("launch", SPEC, "--card", "h100", "--count", "1", "--via", via, "--out", out,
+                "--wheel", wheel)
+    assert proc.returncode == 0, proc.stderr
+    assert wheel.name in out.read_text()
+
+
+def test_launch_warns_when_only_the_package_index_is_left():
+    from tunepilot.launch import INDEX_INSTALL, install_plan
+
+    got = install_plan("skypilot", None, None, source=None)
+    assert got.command == INDEX_INSTALL and "package index" in got.warning
+    assert "--wheel" in got.warning
+    assert install_plan("slurm", "conda run pip install x", None, None).warning is None

@@ -70,6 +70,7 @@ def render_launch(plan) -> None:
         how = (f"sky launch -c <name> {plan.out}" if plan.via == "skypilot" else
                f"sbatch {plan.out}")
         console.print(f"submit it: {escape(how)}  (or pass --submit)")
+    console.print(f"installs tunepilot from {escape(plan.install)}")
     console.print("after the job:")
     for c in plan.commands_after:
         console.print(f"  {escape(c)}")
