@@ -57,6 +57,27 @@ def test_progress_lines_keep_coming_through_one_long_silent_call():
     assert sum(line.endswith("load model (still running)") for line in text) >= 3
 
 
+def test_a_counted_phase_says_how_far_how_fast_and_what_is_left(capsys, monkeypatch):
+    """The demo's 'measure steps' off a terminal: the heartbeat carries the step count, the
+    last step's time and the estimate of what is left - not only '(still running)'."""
+    from tunepilot.views.progress import messages
+
+    monkeypatch.setenv("TUNEPILOT_PROGRESS_EVERY_S", "0.1")
+    with messages("run") as say:
+        say("pilot: real training steps on this machine's device")
+        for i in range(4):
+            say("pilot: measure steps", i, 20)
+            time.sleep(0.05)
+        time.sleep(0.6)  # a long step: nobody calls back for a while
+    lines = capsys.readouterr().err.splitlines()
+    beats = [x for x in lines if "measure steps" in x and x.endswith("(still running)")]
+    assert beats, lines
+    last = beats[-1]
+    assert "measure steps 3/20" in last and "each" in last and "left at this pace" in last
+    left = float(last.split("about ")[1].split(" s left")[0])
+    assert 0.5 < left < 3  # 17 steps at about 0.05 s each
+
+
 def test_restore_off_a_terminal_says_what_it_does_and_that_it_is_alive(tmp_path):
     import os
 

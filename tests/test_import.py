@@ -167,3 +167,50 @@ def test_activation_offloading_is_imported(tmp_path, name):
     p.write_text((CONFIGS / name).read_text() + "\nactivation_offloading: true\n")
     r = import_config(p, options=ImportOptions(synthetic_data=True))
     assert r.spec.activation_offloading and "activation_offloading" in r.mapped
+
+
+# --- issue 26: what a new user's own configs hit -----------------------------------------------
+
+
+def test_a_malformed_fsdp_value_is_a_message_naming_it(tmp_path):
+    body = json.loads((CONFIGS / "hf-training-args.json").read_text())
+    body["fsdp"] = [{"a": 1}]
+    p = tmp_path / "args.json"
+    p.write_text(json.dumps(body))
+    proc = subprocess.run([str(EXE), "import", str(p), "--from", "hf"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "fsdp" in proc.stderr
+
+
+@pytest.mark.parametrize("name,key,targets", [
+    ("trl-sft.yaml", "lora_target_modules", ["q_proj", "attention_dense"]),
+    ("hf-training-args.json", "target_modules", ["q_proj", "embed_tokens"]),
+    ("llamafactory-qwen-qlora.yaml", "lora_target", "q_proj,mlp"),
+])
+def test_lora_targets_that_are_not_linear_layers_are_refused_at_import(tmp_path, name, key,
+                                                                      targets):
+    raw = read_config(CONFIGS / name)
+    raw[key] = targets
+    p = tmp_path / name
+    p.write_text(json.dumps(raw) if name.endswith(".json") else yaml.safe_dump(raw))
+    with pytest.raises(UserError) as e:
+        import_config(p, options=ImportOptions(tokenizer=TOKENIZER, synthetic_data=True))
+    text = str(e.value)
+    assert key in text and "not a linear layer" in text and "all-linear" in text
+
+
+@pytest.mark.parametrize("name,key", [("trl-sft.yaml", "packing"),
+                                      ("llamafactory-qwen-qlora.yaml", "packing"),
+                                      ("axolotl-qlora-chat.yml", "sample_packing")])
+def test_packing_set_in_the_config_is_listed_as_mapped(tmp_path, name, key):
+    raw = read_config(CONFIGS / name)
+    raw[key] = True
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(raw))
+    for f in ("data",):
+        if (CONFIGS / f).is_dir() and not (tmp_path / f).exists():
+            (tmp_path / f).symlink_to(CONFIGS / f)
+    r = import_config(p, options=ImportOptions(tokenizer=TOKENIZER))
+    assert r.spec.data.packing is True
+    assert key in r.mapped and key not in r.defaults

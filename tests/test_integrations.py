@@ -337,3 +337,97 @@ def test_sigkill_of_watch_leaves_neither_the_command_nor_its_children(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert _gone(pids, within_s=20), "the watched command outlived a SIGKILLed watch"
+
+
+def _flip_byte(f: Path) -> None:
+    raw = bytearray(f.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    f.write_bytes(bytes(raw))
+
+
+def test_an_hf_checkpoint_is_intact_only_against_the_manifest_written_at_save(tmp_path):
+    """The callback hashes checkpoint-N/ at on_save; verify checks every byte against it. A
+    flipped byte that still loads is caught with the manifest - and without one verify says it
+    cannot tell, never 'intact'."""
+    from tunepilot.checkpoint.hf import HF_MANIFEST, write_hf_manifest
+
+    _hf_run(tmp_path, steps=2, save_steps=2)
+    ck = tmp_path / "trainer" / "checkpoint-2"
+    written = json.loads((ck / HF_MANIFEST).read_text())
+    assert written["step"] == 2 and "optimizer.pt" in written["files"]
+    r = json.loads(_cli("verify", ck, "--json").stdout)
+    assert r["ok"] and r["intact"] and r["hashes_checked"], r
+    assert "intact" in _cli("verify", ck).stdout
+    for name in ("adapter_model.safetensors", "optimizer.pt"):
+        bad = tmp_path / f"flipped-{name}"
+        shutil.copytree(ck, bad)
+        _flip_byte(bad / name)
+        proc = _cli("verify", bad, "--json")
+        assert proc.returncode == 1, proc.stdout
+        problems = json.loads(proc.stdout)["problems"]
+        assert any(p["file"] == name and "altered" in p["problem"] for p in problems)
+        (bad / HF_MANIFEST).unlink()  # no manifest: it loads, and verify cannot tell
+        proc = _cli("verify", bad, "--json")
+        assert proc.returncode == 0, proc.stdout
+        r = json.loads(proc.stdout)
+        assert not r["intact"] and not r["hashes_checked"]
+        text = _cli("verify", bad).stdout
+        assert "intact" not in text.split("\n")[0] and "not verified" in text
+    extra = tmp_path / "extra"
+    shutil.copytree(ck, extra)
+    (extra / "rng_state_1.pth").write_bytes((ck / "rng_state.pth").read_bytes())
+    problems = json.loads(_cli("verify", extra, "--json").stdout)["problems"]
+    assert any(p["file"] == "rng_state_1.pth" and "not in the manifest" in p["problem"]
+               for p in problems)
+    # the library function on the Trainer's own directory writes the same record
+    (ck / HF_MANIFEST).unlink()
+    write_hf_manifest(ck, 2)
+    again = json.loads((ck / HF_MANIFEST).read_text())
+    assert again["files"] == written["files"] and again["manifest_sha256"]
+
+
+def _rehash(ck: Path, rel: str) -> None:
+    """Edit the manifest by hand as a tamperer would: the file's new size and SHA-256, and the
+    manifest's own digest."""
+    import hashlib
+
+    from tunepilot.checkpoint.manifest import digest
+
+    body = json.loads((ck / "manifest.json").read_text())
+    data = (ck / rel).read_bytes()
+    body["files"][rel].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    body["manifest_sha256"] = digest(body)
+    (ck / "manifest.json").write_text(json.dumps(body))
+
+
+def test_verify_a_tunepilot_checkpoint_checks_shapes_steps_and_unlisted_files(tmp_path):
+    from tunepilot.checkpoint import save_checkpoint
+    from tunepilot.restore.worker import build, train
+    from tunepilot.spec import load_spec
+
+    spec = load_spec(ROOT / "examples" / "tiny.yaml")
+    state, stream = build(spec, 4, None, "cpu")
+    train(state, stream, spec, 2)
+    path = tmp_path / "ck"
+    save_checkpoint(path, state, stream, spec)
+    cases = {
+        "unlisted": lambda d: (d / "model" / "stray.distcp").write_bytes(b"\0" * 64),
+        "rng": lambda d: ((d / "rng.rank0.json").write_text('{"bogus": 1}'),
+                          _rehash(d, "rng.rank0.json")),
+        "progress": lambda d: ((d / "progress.json").write_text(json.dumps(
+            {**json.loads((d / "progress.json").read_text()), "step": 99})),
+            _rehash(d, "progress.json")),
+    }
+    want = {"unlisted": ("model", "model/stray.distcp", "not in the manifest"),
+            "rng": ("rng", "rng.rank0.json", "no python, numpy, torch_cpu"),
+            "progress": ("progress", "progress.json", "step 99, the manifest step 2")}
+    for name, tamper in cases.items():
+        d = tmp_path / name
+        shutil.copytree(path, d)
+        tamper(d)
+        proc = _cli("verify", d, "--json")
+        assert proc.returncode == 1, (name, proc.stdout)
+        problems = json.loads(proc.stdout)["problems"]
+        comp, rel, words = want[name]
+        assert any(p["component"] == comp and p["file"] == rel and words in p["problem"]
+                   for p in problems), (name, problems)

@@ -374,3 +374,126 @@ def test_a_locked_ledger_says_it_is_locked(tmp_path, monkeypatch):
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+# --- hostile input and OS faults (issue 26) --------------------------------------------------
+
+
+@pytest.mark.parametrize("args,field,words", [
+    (["--hours", "10", "--option", "storage_gb_month=1e30"], "option", "at most"),
+    (["--hours", "1_000"], "hours", "is not a number"),
+    (["--days", "1_0"], "days", "is not a number"),
+])
+def test_hostile_book_flags_exit_2_and_never_touch_the_ledger(tmp_path, args, field, words):
+    db = tmp_path / "l.sqlite3"
+    proc = _cli("book", "--card", "h100", "--count", "1", "--start", "2030-01-01T00:00Z", *args,
+                "--db", db)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and field in proc.stderr and words in proc.stderr
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("command", [["usage", "--hours-used", "1"], ["invoice"], ["cancel"]])
+def test_a_21_digit_booking_id_is_a_message(tmp_path, command):
+    db = tmp_path / "l.sqlite3"
+    with L.Ledger.open(db) as led:
+        book_at(led, H200, 1, 1, 2)
+    proc = _cli(command[0], "123456789012345678901", *command[1:], "--db", db)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "id" in proc.stderr and "no booking" in proc.stderr
+
+
+def test_a_tiny_term_reserves_what_is_invoiced(tmp_path):
+    """--hours 1e-7 is 0.36 ms: h200 bills a whole hour, so the booking holds the cards for
+    that hour - never a 1-second reservation with an hour on the invoice."""
+    import json
+
+    db = tmp_path / "l.sqlite3"
+    proc = _cli("book", "--card", "h200", "--count", "1", "--start", "2030-01-01T00:00Z",
+                "--hours", "1e-7", "--db", db, "--json")
+    assert proc.returncode == 0, proc.stderr
+    b = json.loads(proc.stdout)
+    inv = json.loads(_cli("invoice", str(b["id"]), "--db", db, "--json").stdout)
+    compute = next(i for i in inv["items"] if i["kind"] == "compute")
+    assert Decimal(b["hours"]) == Decimal(compute["quantity"]) == 1
+    assert b["end"] == "2030-01-01T01:00:00Z"
+    # and the hour is taken: 8 more cards for that hour do not fit the inventory of 8
+    again = _cli("book", "--card", "h200", "--count", "8", "--start", "2030-01-01T00:30Z",
+                 "--hours", "0.1", "--db", db)
+    assert again.returncode == 3, again.stderr
+
+
+def _race_new_ledger(db, n: int) -> list:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("tunepilot"))
+    procs = [subprocess.Popen([exe, "book", "--card", "h200", "--count", "1", "--start",
+                               f"2030-01-0{1 + i % 8}T00:00Z", "--hours", "1", "--db", str(db)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(n)]
+    return [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+
+
+def test_processes_creating_a_new_ledger_at_once_all_book(tmp_path):
+    for attempt in range(3):  # the window is small: try a few fresh files
+        db = tmp_path / f"new-{attempt}.sqlite3"
+        results = _race_new_ledger(db, 6)
+        assert all(rc == 0 for rc, _ in results), [e for _, e in results]
+        with L.Ledger.open(db) as led:
+            assert len(led.bookings()) == 6
+
+
+def test_a_book_on_a_full_disk_leaves_no_ledger_and_says_the_disk_is_full(tmp_path):
+    from tests.support.full_disk import available, run_on_full_disk
+
+    if not available():
+        pytest.skip("no private tmpfs here (needs root or CAP_SYS_ADMIN)")
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("tunepilot"))
+    mnt = tmp_path / "full"
+    db = mnt / "l.sqlite3"
+    # fill the 64 KiB disk first, then book: creating the ledger fails
+    listing = tmp_path / "listing"
+    proc = run_on_full_disk(mnt, 64, ["sh", "-c", f"head -c 1000000 /dev/zero > {mnt}/fill 2>"
+                                      f"/dev/null; {exe} book --card h200 --count 1 --start "
+                                      f"2030-01-01T00:00Z --hours 1 --db {db}"],
+                            after=f"ls -a {mnt} > {listing}")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "disk is full" in proc.stderr
+    assert sorted(listing.read_text().split()) == [".", "..", "fill"]  # no ledger, no temporary
+
+
+def test_a_full_disk_under_an_existing_ledger_is_not_called_damage(tmp_path):
+    from tests.support.full_disk import available, run_on_full_disk
+
+    if not available():
+        pytest.skip("no private tmpfs here (needs root or CAP_SYS_ADMIN)")
+    import shutil
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).with_name("tunepilot"))
+    src = tmp_path / "l.sqlite3"
+    with L.Ledger.open(src) as led:
+        for i in range(3):
+            book_at(led, H200, 1, 10 * i, 2)
+    mnt = tmp_path / "full"
+    db = mnt / "l.sqlite3"
+    out = tmp_path / "after.sqlite3"
+    size_kib = src.stat().st_size // 1024 + 8
+    script = (f"cp {src} {db} && head -c 10000000 /dev/zero > {mnt}/fill 2>/dev/null; "
+              f"for h in 100 200 300 400 500 600; do {exe} book --card h200 --count 1 --start "
+              f"2030-02-01T00:00Z --hours $h --option storage_gb_month=$h --db {db} || exit $?; "
+              "done")
+    proc = run_on_full_disk(mnt, size_kib, ["sh", "-c", script], after=f"cp {db} {out}")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "disk is full" in proc.stderr
+    assert "damaged" not in proc.stderr and "backup" not in proc.stderr
+    shutil.copy(out, tmp_path / "check.sqlite3")
+    with L.Ledger.open(tmp_path / "check.sqlite3") as led:  # intact: every earlier booking
+        assert led.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert len(led.bookings()) >= 3

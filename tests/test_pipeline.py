@@ -29,8 +29,16 @@ def tiny_run(tmp_path_factory):
     spec = load_spec(TINY)
     said: list[str] = []
     result = run_pipeline(spec, out, RunOptions(trace=False, pilot_max_steps=8,
-                                                restore_steps=(2, 2)), say=said.append)
+                                                restore_steps=(2, 2)),
+                          say=lambda msg, *n: said.append(msg + (f" {n[0]}/{n[1]}" if n else "")))
     return spec, out, result, said
+
+
+def test_the_pilot_counts_its_measured_steps_to_the_progress(tiny_run):
+    """What the demo's 'measure steps' line is made of: every measured step reaches say()."""
+    said = tiny_run[3]
+    counted = [s for s in said if s.startswith("pilot: measure steps ")]
+    assert [s.rsplit(" ", 1)[1].split("/")[0] for s in counted][:3] == ["0", "1", "2"], said
 
 
 def test_every_gate_passes_and_the_decision_names_a_card(tiny_run):
@@ -60,7 +68,8 @@ def test_the_quote_uses_the_pilots_measured_timings(tiny_run):
 def test_rerun_reuses_completed_stages(tiny_run):
     spec, out, first, _ = tiny_run
     said: list[str] = []
-    again = run_pipeline(spec, out, RunOptions(trace=False), say=said.append)
+    again = run_pipeline(spec, out, RunOptions(trace=False),
+                         say=lambda msg, *_: said.append(msg))
     reused = {g.stage for g in again.gates if g.reused}
     assert {"plan", "pilot", "restore"} <= reused
     assert any("reusing" in s for s in said)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +216,44 @@ def test_user_catalog_card_is_fitted(tmp_path):
     plan = make_plan(spec(method={"kind": "lora"}), catalog=load_catalog(cat),
                      card_ids=["h100nvl"])
     assert plan.cards[0].capacity_bytes == 94 * 10**9
+
+
+@pytest.mark.parametrize("name,words,not_words", [
+    ("paged_adamw_8bit", "8-bit state", "state fp32"),
+    ("adamw_8bit", "8-bit state", "state fp32"),
+    ("adafactor", "factored", "state fp32"),
+    ("adamw", "state fp32", "8-bit"),
+])
+def test_the_plan_header_names_the_optimizer_state_it_counts(tmp_path, name, words, not_words):
+    import yaml
+
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"model": {"preset": "tiny"}, "method": {"kind": "full"},
+                                 "precision": "bf16-mixed", "sequence_length": 64,
+                                 "micro_batch_size": 1, "optimizer": {"name": name}}))
+    exe = Path(sys.executable).with_name("tunepilot")
+    out = subprocess.run([str(exe), "plan", str(p), "--card", "h100"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ,
+                                                      "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    header = next(line for line in out.stdout.splitlines() if line.startswith("params:"))
+    assert words in header and not_words not in header, header
+
+
+@pytest.mark.slow
+def test_the_readme_states_the_plan_start_up_the_benchmark_measures():
+    """`tunepilot plan` in a fresh process, warm and cold bytecode, against the README's words
+    (generous bands: a shared machine's load moves CPU time a little, not by 2x)."""
+    import re
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from plan_speed import cli_cpu_seconds
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = " ".join(readme.split())
+    warm_claim = float(re.search(r"takes about ([\d.]+) s of CPU including start-up", text)[1])
+    cold_claim = float(re.search(r"and about ([\d.]+) s on the first run after an install",
+                                 text)[1])
+    warm, cold = min(cli_cpu_seconds(3)), min(cli_cpu_seconds(2, cold=True))
+    assert warm_claim / 2 <= warm <= warm_claim * 2, (warm, warm_claim)
+    assert cold_claim / 2.5 <= cold <= cold_claim * 2.5, (cold, cold_claim)

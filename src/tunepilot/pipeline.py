@@ -28,7 +28,7 @@ from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir
 from tunepilot.units import fmt_bytes, fmt_hours, fmt_rate, fmt_usd
 
-Say = Callable[[str], None]
+Say = Callable[..., None]  # say(message), or say(message, done, total) for counted work
 
 
 class GateFailed(TunepilotError):
@@ -159,7 +159,7 @@ def _run_pilot(c: Ctx) -> PilotResult:
     return run_pilot(c.spec, c.run.path, PilotOptions(
         steps=o.pilot_steps, max_steps=o.pilot_max_steps, memory_limit_bytes=o.memory_limit_bytes,
         base_dir=o.base_dir, catalog=c.catalog, check_memory=o.check_memory),
-        progress=lambda what, _i, _n: c.say(f"pilot: {what}"))
+        progress=lambda what, done, total: c.say(f"pilot: {what}", done, total))
 
 
 def _gate_pilot(c: Ctx, pilot: PilotResult) -> Gate:
@@ -317,7 +317,7 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
     """Run every stage into `out`; raise GateFailed (with the decision) at the first failed
     gate."""
     o = options or RunOptions()
-    c = Ctx(spec, RunDir(out), o, o.catalog or load_catalog(), say or (lambda _m: None))
+    c = Ctx(spec, RunDir(out), o, o.catalog or load_catalog(), say or (lambda *_: None))
     c.run.check_spec(c.spec_hash)
     decision = Decision(run_dir=str(c.run.path), spec_label=spec.label, spec_hash=c.spec_hash)
     c.run.update_manifest(spec_hash=c.spec_hash, spec=spec.model_dump(mode="json"),

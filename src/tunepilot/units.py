@@ -117,8 +117,13 @@ def fmt_seconds(s: float | None) -> str:
 
 
 def fmt_hours(s: float) -> str:
-    """A term length: '0.2167 hours', '3 days'."""
-    return f"{s / 86400:.4g} days" if s >= 86400 else f"{s / 3600:.4g} hours"
+    """A term length in the unit a person books in: '45 seconds', '13 minutes', '1.5 hours',
+    '3 days' (never '0.2167 hours')."""
+    unit, size = next(((u, n) for u, n in (("day", 86400), ("hour", 3600), ("minute", 60))
+                       if s >= n), ("second", 1))
+    v = s / size
+    text = f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+    return f"{text} {unit}" + ("" if text == "1" else "s")
 
 
 def fmt_rate(value: float | None, unit: str) -> str:

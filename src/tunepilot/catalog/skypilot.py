@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import csv
 import hashlib
+import io
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -60,7 +61,14 @@ class CatalogImport:
                 "skipped_rows": self.skipped_rows}
 
 
-def _money(raw: str, row: int, column: str) -> Decimal | None:
+# Bounds of a plausible row: the largest GPU instances carry 8-16 accelerators and cost about
+# $100 per instance-hour on demand (AWS p5en.48xlarge, 2025 price list); a count or price far
+# beyond these is a damaged table, not an offer.
+MAX_ACCELERATORS_PER_INSTANCE = 1024
+MAX_USD_PER_INSTANCE_HOUR = Decimal(100_000)
+
+
+def _money(raw: str | None, row: int, column: str) -> Decimal | None:
     text = (raw or "").strip()
     if not text:
         return None
@@ -69,21 +77,51 @@ def _money(raw: str, row: int, column: str) -> Decimal | None:
     except InvalidOperation:
         raise UserError(f"row {row}: {column}", f"{text[:40]!r} is not a number.",
                         "Fix the CSV (prices are USD per instance-hour).") from None
-    if not value.is_finite() or value < 0:
-        raise UserError(f"row {row}: {column}", f"{text[:40]!r} is not a price >= 0.")
+    if not value.is_finite() or value <= 0:
+        raise UserError(f"row {row}: {column}", f"{text[:40]!r} is not a price > 0.",
+                        "A free accelerator is a damaged row: leave the cell empty where there "
+                        "is no price, or fix it (USD per instance-hour).")
+    if value > MAX_USD_PER_INSTANCE_HOUR:
+        raise UserError(f"row {row}: {column}", f"{text[:40]!r} is not a plausible price "
+                        f"(over ${MAX_USD_PER_INSTANCE_HOUR:,} per instance-hour).",
+                        "Fix the CSV (prices are USD per instance-hour).")
     return value
 
 
-def _count(raw: str, row: int) -> int:
+def _count(raw: str | None, row: int) -> int:
+    text = (raw or "").strip()
     try:
-        n = float((raw or "").strip())
-    except ValueError:
-        raise UserError(f"row {row}: AcceleratorCount", f"{raw[:40]!r} is not a number.") \
-            from None
-    if n < 1 or n != int(n):
-        raise UserError(f"row {row}: AcceleratorCount", f"{raw!r} is not a whole count >= 1.",
+        n = Decimal(text)
+    except InvalidOperation:
+        n = Decimal("NaN")
+    if not n.is_finite() or n != n.to_integral_value() or not \
+            1 <= n <= MAX_ACCELERATORS_PER_INSTANCE:
+        raise UserError(f"row {row}: AcceleratorCount", f"{text[:40]!r} is not a whole count "
+                        f"between 1 and {MAX_ACCELERATORS_PER_INSTANCE:,}.",
                         "A row with accelerators needs at least one; drop the row or fix it.")
     return int(n)
+
+
+def _rows(text: str, path: Path):
+    """(row number, {column: cell}) of every non-blank data row; a row with fewer or more
+    cells than the header is a UserError naming it (a truncated or hand-edited table)."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None) or []
+    missing = [c for c in NEEDED if c not in header]
+    if missing:
+        raise UserError("FILE", f"{path.name} has no column {', '.join(missing)}.",
+                        f"A SkyPilot catalog CSV (vms.csv) has {', '.join(NEEDED)}, ... - "
+                        "columns are read by name in any order.")
+    width = len(header)
+    for i, cells in enumerate(reader, start=2):  # row 1 is the header
+        if not cells or (len(cells) == 1 and not cells[0].strip()):
+            continue
+        if len(cells) != width:
+            what = (f"has {len(cells)} of the header's {width} columns" if len(cells) < width
+                    else f"has {len(cells)} cells: more columns than the header's {width}")
+            raise UserError(f"{path.name}: row {i}", f"{what} (a truncated or damaged table).",
+                            "Fix or drop the row, then import again.")
+        yield i, dict(zip(header, cells, strict=True))
 
 
 def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None = None,
@@ -99,41 +137,35 @@ def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None =
         raise UserError("FILE", f"{path} cannot be read ({exc.strerror or exc}).") from None
     except UnicodeDecodeError:
         raise UserError("FILE", f"{path} is not UTF-8 text (a SkyPilot vms.csv is).") from None
-    reader = csv.DictReader(text.splitlines())
-    missing = [c for c in NEEDED if c not in (reader.fieldnames or [])]
-    if missing:
-        raise UserError("FILE", f"{path.name} has no column {', '.join(missing)}.",
-                        f"A SkyPilot catalog CSV (vms.csv) has {', '.join(NEEDED)}, ... - "
-                        "columns are read by name in any order.")
     offers: dict[str, list[_Offer]] = {}
     unknown: dict[str, dict] = {}
-    warnings: list[str] = []
+    gpu_info = _GpuInfoCheck(catalog)
     rows = skipped = 0
-    for i, r in enumerate(reader, start=2):  # row 1 is the header
+    for i, r in _rows(text, path):
         rows += 1
-        name = (r.get("AcceleratorName") or "").strip()
+        name = r["AcceleratorName"].strip()
         if not name:
             skipped += 1  # a CPU-only instance
             continue
-        if region and (r.get("Region") or "").strip() != region:
+        if region and r["Region"].strip() != region:
             continue
-        count = _count(r.get("AcceleratorCount", ""), i)
-        price = _money(r.get("Price", ""), i, "Price")
-        spot = _money(r.get("SpotPrice", ""), i, "SpotPrice") if "SpotPrice" in r else None
+        count = _count(r["AcceleratorCount"], i)
+        price = _money(r["Price"], i, "Price")
+        spot = _money(r.get("SpotPrice"), i, "SpotPrice")
         card_id = SKY_TO_CARD.get(name)
         if card_id is None:
             unknown.setdefault(name, {"accelerator": name, "instances": set(),
                                       "missing": _missing_facts(name)})
-            unknown[name]["instances"].add((r.get("InstanceType") or "").strip())
+            unknown[name]["instances"].add(r["InstanceType"].strip())
             continue
-        _check_gpu_info(r.get("GpuInfo"), name, catalog.get(card_id), warnings)
+        gpu_info.check(r.get("GpuInfo"), name, card_id)
         if price is None and spot is None:
             skipped += 1
             continue
         offers.setdefault(card_id, []).append(_Offer(
             card_id, price / count if price is not None else None,
-            spot / count if spot is not None else None, (r.get("InstanceType") or "").strip(),
-            (r.get("Region") or "").strip(), count))
+            spot / count if spot is not None else None, r["InstanceType"].strip(),
+            r["Region"].strip(), count))
     if region and not offers and not unknown:
         raise UserError("--region", f"no accelerator rows in region {region!r} of {path.name}.")
     when = as_of or datetime.fromtimestamp(path.stat().st_mtime, UTC).date().isoformat()
@@ -141,8 +173,18 @@ def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None =
     source = f"SkyPilot catalog {path.name} (sha256 {digest}), imported by tunepilot"
     cards = [_card_entry(card_id, rows_, source, when) for card_id, rows_ in sorted(offers.items())]
     return CatalogImport(str(path), when, [c for c in cards if c],
-                         [{**u, "instances": sorted(u["instances"])} for u in unknown.values()],
-                         list(dict.fromkeys(warnings)), rows, skipped)
+                         [_unknown_entry(u) for u in unknown.values()],
+                         gpu_info.warnings(), rows, skipped)
+
+
+UNKNOWN_ACCELERATORS_SHOWN = 20  # in the table and the YAML header; --json has them all
+UNKNOWN_INSTANCES_LISTED = 5  # per unknown accelerator; the count says how many there were
+
+
+def _unknown_entry(u: dict) -> dict:
+    instances = sorted(u["instances"])
+    return {**u, "instances": instances[:UNKNOWN_INSTANCES_LISTED],
+            "num_instances": len(instances)}
 
 
 def _missing_facts(name: str) -> str:
@@ -175,32 +217,78 @@ def _fmt(d: Decimal) -> str:
     return format(q, "f")
 
 
-def _check_gpu_info(raw: str | None, name: str, card, warnings: list[str]) -> None:
-    """Warn where the table's GPU memory disagrees with the card's facts (known traps)."""
-    if not raw:
-        return
+class _GpuInfoCheck:
+    """Where the table's GPU memory disagrees with the card's facts (known traps): each distinct
+    GpuInfo text is parsed once, and the findings are one warning per accelerator and trap -
+    with the number of rows and the values listed - however many rows repeat them."""
+
+    def __init__(self, catalog):
+        self.catalog = catalog
+        self._seen: dict[tuple[str, str], tuple] = {}
+        self._cards: dict = {}
+        self._memory: dict[str, dict] = {}  # name -> {"card", "listed": {MiB: rows}}
+        self._total: dict[str, dict] = {}  # name -> {"total", "count", "rows"}
+        self._unreadable: dict[str, tuple[str, int]] = {}
+
+    def check(self, raw: str | None, name: str, card_id: str) -> None:
+        if not raw:
+            return
+        key = (raw, name)
+        found = self._seen.get(key)
+        if found is None:
+            found = self._seen[key] = _read_gpu_info(raw)
+        kind, per, total, count = found
+        if kind == "unreadable":
+            first, n = self._unreadable.get(name, (raw, 0))
+            self._unreadable[name] = (first, n + 1)
+            return
+        card = self._cards.get(card_id) or self._cards.setdefault(card_id,
+                                                                   self.catalog.get(card_id))
+        if isinstance(per, int | float) and per > 0 and \
+                abs(per * _MIB - card.memory_bytes) > 0.05 * card.memory_bytes:
+            m = self._memory.setdefault(name, {"card": card, "listed": {}})
+            m["listed"][per] = m["listed"].get(per, 0) + 1
+        if isinstance(total, int | float) and isinstance(per, int | float) and \
+                isinstance(count, int | float) and count > 1 and abs(total - per) < 1:
+            t = self._total.setdefault(name, {"total": total, "count": count, "rows": 0})
+            t["rows"] += 1
+
+    def warnings(self) -> list[str]:
+        out = []
+        for name, (first, n) in self._unreadable.items():
+            out.append(f"{name}: GpuInfo is not readable ({first[:60]!r}"
+                       + (f" and {n - 1:,} more rows" if n > 1 else "") + "); card facts used")
+        for name, m in self._memory.items():
+            card, listed = m["card"], m["listed"]
+            rows = sum(listed.values())
+            if len(listed) == 1:
+                what = f"the table lists {next(iter(listed)):,.0f} MiB per GPU"
+            else:
+                what = (f"{rows:,} rows list {min(listed):,.0f}-{max(listed):,.0f} MiB per GPU "
+                        f"({len(listed):,} different values)")
+            out.append(f"{name}: {what}; {card.id} has {card.memory_bytes // _MIB:,} MiB "
+                       f"({card.memory_gb:g} GB): the table is wrong there, tunepilot's card "
+                       "facts are used")
+        for name, t in self._total.items():
+            rows = f" ({t['rows']:,} rows)" if t["rows"] > 1 else ""
+            out.append(f"{name}: TotalGpuMemoryInMiB ({t['total']:,.0f}) is per GPU here, not "
+                       f"the total of {t['count']:g} GPUs{rows}")
+        return out
+
+
+def _read_gpu_info(raw: str) -> tuple:
+    """("ok" | "unreadable", MiB per GPU, TotalGpuMemoryInMiB, GPU count) of a GpuInfo cell."""
     try:
         info = ast.literal_eval(raw)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        warnings.append(f"{name}: GpuInfo is not readable ({raw[:60]!r}); card facts used")
-        return
+    except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
+        return "unreadable", None, None, None
     if not isinstance(info, dict):
-        return
+        return "ok", None, None, None
     gpus = info.get("Gpus") or []
-    per = gpus[0].get("MemoryInfo", {}).get("SizeInMiB") if gpus and isinstance(gpus[0], dict) \
-        else None
-    count = gpus[0].get("Count") if gpus and isinstance(gpus[0], dict) else None
-    if isinstance(per, int | float) and per > 0:
-        listed, real = per * _MIB, card.memory_bytes
-        if abs(listed - real) > 0.05 * real:
-            warnings.append(f"{name}: the table lists {per:,.0f} MiB per GPU; {card.id} has "
-                            f"{real // _MIB:,} MiB ({card.memory_gb:g} GB): the table is wrong "
-                            "there, tunepilot's card facts are used")
-    total = info.get("TotalGpuMemoryInMiB")
-    if isinstance(total, int | float) and isinstance(per, int | float) and \
-            isinstance(count, int | float) and count > 1 and abs(total - per) < 1:
-        warnings.append(f"{name}: TotalGpuMemoryInMiB ({total:,.0f}) is per GPU here, not the "
-                        f"total of {count:g} GPUs")
+    first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else {}
+    mem = first.get("MemoryInfo")
+    per = mem.get("SizeInMiB") if isinstance(mem, dict) else None
+    return "ok", per, info.get("TotalGpuMemoryInMiB"), first.get("Count")
 
 
 def write_catalog(result: CatalogImport, out: Path) -> None:
@@ -211,7 +299,10 @@ def write_catalog(result: CatalogImport, out: Path) -> None:
     head = [f"# imported by `tunepilot catalog import --from skypilot` from {result.source}",
             "# a partial override catalog: pass it as --catalog; card facts stay tunepilot's own"]
     head += [f"# warning: {w}" for w in result.warnings]
-    head += [f"# unknown accelerator {u['accelerator']}: {u['missing']}" for u in result.unknown]
+    shown = result.unknown[:UNKNOWN_ACCELERATORS_SHOWN]
+    head += [f"# unknown accelerator {u['accelerator']}: {u['missing']}" for u in shown]
+    if len(result.unknown) > len(shown):
+        head.append(f"# ... and {len(result.unknown) - len(shown):,} more unknown accelerators")
     body = {"schema_version": 1, "as_of": result.as_of,
             "note": f"prices from {result.source}", "cards": result.cards}
     atomic_write_bytes(out, ("\n".join(head) + "\n" +

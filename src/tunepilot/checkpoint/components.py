@@ -120,10 +120,81 @@ def rng_state() -> dict:
     return out
 
 
+_PY_STATE_WORDS = 625  # random.getstate()[1]: Mersenne Twister's 624 words + the position
+_NP_STATE_WORDS = 624  # numpy's MT19937 key
+
+
+def rng_state_problem(saved: object) -> str | None:
+    """What is wrong with the shape of an RNG state as rng_state() writes it; None when it has
+    that shape (set_rng_state then checks the byte lengths torch wants)."""
+    if not isinstance(saved, dict):
+        return f"is {type(saved).__name__}, not the RNG streams (a JSON object)"
+    missing = [k for k in ("python", "numpy", "torch_cpu") if k not in saved]
+    if missing:
+        return (f"has no {', '.join(missing)} stream (keys: "
+                f"{', '.join(sorted(map(str, saved))[:5]) or 'none'})")
+    py = saved["python"]
+    if not (isinstance(py, list) and len(py) == 3 and isinstance(py[0], int)
+            and isinstance(py[1], list) and len(py[1]) == _PY_STATE_WORDS
+            and all(isinstance(w, int) and 0 <= w < 2**32 for w in py[1])
+            and (py[2] is None or isinstance(py[2], float))):
+        return "python: not a random.getstate() of Mersenne Twister (version, 625 words, gauss)"
+    n = saved["numpy"]
+    if not (isinstance(n, list) and len(n) == 5 and n[0] == "MT19937"
+            and isinstance(n[1], list) and len(n[1]) == _NP_STATE_WORDS
+            and all(isinstance(w, int) and 0 <= w < 2**32 for w in n[1])
+            and isinstance(n[2], int) and isinstance(n[3], int)
+            and isinstance(n[4], int | float)):
+        return "numpy: not an MT19937 state (name, 624 words, position, has_gauss, gauss)"
+    hexes = [("torch_cpu", saved["torch_cpu"])] + [
+        (f"cuda[{i}]", h) for i, h in enumerate(saved.get("cuda") or [])]
+    if not isinstance(saved.get("cuda", []), list):
+        return "cuda: not a list of generator states"
+    for name, h in hexes:
+        if not isinstance(h, str) or not h or len(h) % 2:
+            return f"{name}: not a generator state (hex bytes)"
+        try:
+            bytes.fromhex(h)
+        except ValueError:
+            return f"{name}: not a generator state (hex bytes)"
+    return None
+
+
+def progress_problem(saved: object, step: int, useful_tokens_seen: int) -> str | None:
+    """progress.json against the manifest's own step and token count."""
+    if not isinstance(saved, dict) or not all(
+            isinstance(saved.get(k), int) and not isinstance(saved.get(k), bool)
+            for k in ("step", "useful_tokens_seen")):
+        return "is not {\"step\": int, \"useful_tokens_seen\": int}"
+    if saved["step"] != step:
+        return f"says step {saved['step']}, the manifest step {step}"
+    if saved["useful_tokens_seen"] != useful_tokens_seen:
+        return (f"says {saved['useful_tokens_seen']:,} useful tokens seen, the manifest "
+                f"{useful_tokens_seen:,}")
+    return None
+
+
+def data_position_problem(saved: object) -> str | None:
+    if not isinstance(saved, dict) or not isinstance(saved.get("stream"), dict) or \
+            not isinstance(saved.get("iterator_open", False), bool):
+        return "is not a data position ({\"stream\": {...}, \"iterator_open\": bool})"
+    return None
+
+
 def set_rng_state(saved: dict) -> None:
     import numpy as np
     import torch
 
+    problem = rng_state_problem(saved)
+    if problem:
+        raise CheckpointError(f"the RNG state {problem}.", component=RNG)
+    try:
+        _set_rng_state(saved, np, torch)
+    except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
+        raise CheckpointError(f"the RNG state does not load: {exc}", component=RNG) from None
+
+
+def _set_rng_state(saved: dict, np, torch) -> None:
     py = saved["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = saved["numpy"]

@@ -49,11 +49,19 @@ class VerifyReport:
     loaded_in_fresh_process: bool = False
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    hashes_checked: bool = False
+    """every file was checked against a SHA-256 recorded at save time (a manifest)"""
 
     @property
     def resumable(self) -> bool:
         """Every component a resume needs is there and loads."""
         return self.ok
+
+    @property
+    def intact(self) -> bool:
+        """No problem found *and* every file matched its recorded SHA-256: without a manifest a
+        flipped byte that still loads cannot be seen, so a checkpoint is never called intact."""
+        return self.ok and self.hashes_checked
 
     @property
     def components(self) -> list[ComponentStatus]:
@@ -77,6 +85,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         return {"path": self.path, "kind": self.kind, "ok": self.ok,
+                "intact": self.intact, "hashes_checked": self.hashes_checked,
                 "resumable": self.resumable,
                 "problems": [p.to_dict() for p in self.problems],
                 "components": [c.to_dict() for c in self.components], "step": self.step,
@@ -116,22 +125,51 @@ def _tunepilot(p: Path, load: bool) -> VerifyReport:
                           step=manifest.step, world_size=manifest.world_size,
                           files_checked=len(manifest.files),
                           bytes_checked=sum(e.bytes for e in manifest.files.values()))
-    on_disk = {str(f.relative_to(p)) for f in p.rglob("*") if f.is_file()} - {"manifest.json"}
-    extra = sorted(on_disk - set(manifest.files))
-    if extra:
-        report.notes.append(f"{len(extra)} file(s) not in the manifest (not verified, not "
-                            f"loaded): {', '.join(extra[:5])}")
-    if load and not problems:
+    report.hashes_checked = True
+    report.problems += _unlisted(p, manifest) + _progress(p, manifest)
+    if load and not report.problems:
         report.problems += _fresh_load(p, "tunepilot")
         report.loaded_in_fresh_process = True
     return report
 
 
+def _unlisted(p: Path, manifest) -> list[CheckpointProblem]:
+    """Files the manifest does not list: a problem inside a component's directory (something
+    was added to the state after the save), a note-worthy one at the top level."""
+    from tunepilot.checkpoint.manifest import MANIFEST
+
+    dirs = {rel.split("/", 1)[0]: e.component for rel, e in manifest.files.items() if "/" in rel}
+    out = []
+    on_disk = sorted(f.relative_to(p).as_posix() for f in p.rglob("*") if f.is_file())
+    for rel in on_disk:
+        if rel == MANIFEST or rel in manifest.files:
+            continue
+        top = rel.split("/", 1)[0]
+        out.append(CheckpointProblem(dirs.get(top, "checkpoint"), rel, "is not in the manifest "
+                                     "(added after the save: not verified, not loaded)"))
+    return out
+
+
+def _progress(p: Path, manifest) -> list[CheckpointProblem]:
+    """progress.json against the manifest's step and token count (read as JSON, no torch)."""
+    from tunepilot.checkpoint.components import progress_problem
+
+    if "progress.json" not in manifest.files:
+        return []
+    try:
+        saved = json.loads((p / "progress.json").read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return []  # the hash check or the fresh load names it
+    problem = progress_problem(saved, manifest.step, manifest.useful_tokens_seen)
+    return [CheckpointProblem("progress", "progress.json", problem)] if problem else []
+
+
 def _hf(p: Path, load: bool) -> VerifyReport:
-    from tunepilot.checkpoint.hf import hf_layout
+    from tunepilot.checkpoint.hf import HF_MANIFEST, hf_layout, hf_manifest_problems
 
     files, found = hf_layout(p)
-    problems = [CheckpointProblem(c, f, msg, r) for c, f, msg, r in found]
+    has_manifest, hashed = hf_manifest_problems(p)
+    problems = [CheckpointProblem(c, f, msg, r) for c, f, msg, r in found + hashed]
     step = None
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         step = int(json.loads((p / "trainer_state.json").read_text())["global_step"])
@@ -140,8 +178,13 @@ def _hf(p: Path, load: bool) -> VerifyReport:
                           world_size=max(1, len(files.get("rng", []))),
                           files_checked=len(rels),
                           bytes_checked=sum((p / r).stat().st_size for r in rels))
-    report.notes.append("an HF Trainer checkpoint has no manifest: sizes and contents are "
-                        "checked by loading, not against recorded SHA-256s")
+    report.hashes_checked = has_manifest and not any(x.component == "manifest"
+                                                     for x in report.problems)
+    if not has_manifest:
+        report.notes.append(f"no {HF_MANIFEST} (TunepilotCallback writes one at each save): "
+                            "every file is loaded, but nothing records what the bytes were, so "
+                            "damage that still loads (a flipped byte in the weights or the "
+                            "optimizer state) cannot be seen - not called intact")
     if load:
         report.problems += _fresh_load(p, "hf", rels)
         report.loaded_in_fresh_process = True
@@ -178,13 +221,37 @@ def _load_tunepilot(p: Path) -> list[dict]:
                 out.append({"component": name, "file": d, "problem": problem})
         for rel in rels:
             if rel.endswith(".json"):
-                try:
-                    json.loads((p / rel).read_bytes())
-                except (OSError, ValueError) as exc:
-                    e = manifest.files.get(rel)
+                e = manifest.files.get(rel)
+                problem = _load_json_component(p / rel, name)
+                if problem:
                     out.append({"component": name, "file": rel, "rank": e.rank if e else None,
-                                "problem": f"does not parse as JSON ({str(exc)[:120]})"})
+                                "problem": problem})
     return out
+
+
+def _load_json_component(f: Path, component: str) -> str | None:
+    """Parse a JSON component and check it has the shape a load needs; the RNG streams are
+    set in this (throw-away) process, so torch and numpy check their byte lengths too."""
+    from tunepilot.checkpoint.components import (
+        DATA,
+        RNG,
+        CheckpointError,
+        data_position_problem,
+        set_rng_state,
+    )
+
+    try:
+        saved = json.loads(f.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"does not parse as JSON ({str(exc)[:120]})"
+    if component == RNG:
+        try:
+            set_rng_state(saved)
+        except CheckpointError as exc:
+            return str(exc)
+    if component == DATA:
+        return data_position_problem(saved)
+    return None
 
 
 def _load_dcp(directory: Path, encoding: str) -> str | None:
@@ -216,10 +283,12 @@ def _load_dcp(directory: Path, encoding: str) -> str | None:
 def _load_hf(p: Path, rels: list[str]) -> list[dict]:
     import torch
 
+    from tunepilot.checkpoint.hf import component_of
+
     out = []
     for rel in rels:
         f = p / rel
-        comp = _component_of(rel)
+        comp = component_of(rel)
         try:
             if rel.endswith(".safetensors"):
                 from safetensors import safe_open
@@ -249,15 +318,6 @@ def _torch_load(torch, f: Path):
         return torch.load(f, map_location="cpu", weights_only=True)
     with safe_globals():
         return torch.load(f, map_location="cpu", weights_only=True)
-
-
-def _component_of(rel: str) -> str:
-    if rel.startswith("rng_state"):
-        return "rng"
-    for c in ("optimizer", "scheduler", "scaler", "trainer_state"):
-        if rel.startswith(c):
-            return c
-    return "model"
 
 
 def _child(argv: list[str]) -> None:

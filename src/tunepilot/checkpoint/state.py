@@ -50,6 +50,7 @@ from tunepilot.checkpoint.components import (
     load_data_position,
     model_reference,
     per_rank_file,
+    progress_problem,
     rng_state,
     set_rng_state,
     to_json,
@@ -478,6 +479,11 @@ def _load_json_state(path: Path, state: TrainState, manifest, staged: dict) -> N
     if has:
         state.scaler.load_state_dict(from_json(_json(path, staged, "scaler.json", SCALER)))
     progress = _json(path, staged, "progress.json", PROGRESS)
+    problem = progress_problem(progress, manifest.step, manifest.useful_tokens_seen)
+    if problem:
+        raise CheckpointError(f"progress.json in {str(path)!r} {problem}: the checkpoint does "
+                              "not agree with itself. Use an earlier checkpoint.",
+                              component=PROGRESS, file="progress.json")
     state.step = int(progress["step"])
     state.useful_tokens_seen = int(progress["useful_tokens_seen"])
 

@@ -72,10 +72,10 @@ def main(*, hard_exit: bool = False) -> None:
         code = _fail(exc, exc.exit_code)
     except TunepilotError as exc:
         code = _fail(exc, exc.exit_code)
-    except sqlite3.DatabaseError as exc:  # damaged pages of a ledger, met while reading it
-        code = _fail(UserError("db", f"the ledger database is damaged ({exc}); nothing was "
-                               "changed.", "Restore the file from a backup, or pass another "
-                               "--db."), 2)
+    except sqlite3.DatabaseError as exc:  # met while reading a ledger (damaged pages, I/O)
+        from tunepilot.ledger.db import db_error
+
+        code = _fail(db_error(exc, None), 2)
     except OSError as exc:  # the filesystem refused: a read-only or full disk, a permission
         code = _fail(_os_error(exc), 2)
     except (KeyboardInterrupt, Terminated) as exc:

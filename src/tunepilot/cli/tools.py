@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from tunepilot.cli import app
-from tunepilot.cli.common import JsonOpt, emit_json
+from tunepilot.cli.common import JsonOpt, emit_json, say
 
 
 class Trainer(str, Enum):
@@ -133,9 +133,12 @@ def launch(
                                               "--time), e.g. 24.")] = None,
     gpus_per_node: Annotated[int | None, typer.Option(
         "--gpus-per-node", min=1, max=64, help="GPUs per node (default: min(count, 8)).")] = None,
-    install: Annotated[str, typer.Option(
-        "--install", help="How the node installs tunepilot (next to its own torch).")] =
-    'pip install "tunepilot[torch,gpu]"',
+    install: Annotated[str | None, typer.Option(
+        "--install", help="The shell line that installs tunepilot on the node (default: from "
+        "this tunepilot's source tree, uploaded or on the shared filesystem).")] = None,
+    wheel: Annotated[Path | None, typer.Option(
+        "--wheel", help="A tunepilot wheel (.whl) to install on the node, e.g. one built with "
+        "`pip wheel --no-deps -w dist .`.")] = None,
     submit: Annotated[bool, typer.Option("--submit", help="Submit it (sky launch / sbatch; "
                                          "only when installed).")] = False,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="A catalog YAML.")] = None,
@@ -159,7 +162,9 @@ def launch(
     term_s = parse_duration(hours, None, required=False)
     h = float(term_s) / 3600 if term_s else None
     text, plan = plan_launch(spec, run_spec, the_card, count=count, via=via, out=out, hours=h,
-                             gpus_per_node=gpus_per_node, install=install)
+                             gpus_per_node=gpus_per_node, install=install, wheel=wheel)
+    for w in plan.warnings:
+        say(f"warning: {w}")
     atomic_write_bytes(out, text.encode())
     if via == "slurm":
         out.chmod(0o755)

@@ -8,6 +8,7 @@ the sum of its lines, so no cent is lost or invented between the lines and the t
 
 from __future__ import annotations
 
+import re
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, InvalidOperation
 
 from tunepilot.catalog import Card
@@ -85,12 +86,28 @@ def _dec(value: Decimal, places: int = 3) -> str:
 # --- parsing user input ------------------------------------------------------------------------
 
 
+# A number as a person types one: digits, one decimal point, an exponent. Decimal() itself also
+# takes "1_000", "Infinity" and "NaN", which are typos here, not terms.
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def parse_decimal(text: str | float | int) -> Decimal | None:
+    """A finite Decimal from user text written as a plain number; None for anything else."""
+    raw = str(text).strip()
+    if not _PLAIN_NUMBER.fullmatch(raw):
+        return None
+    try:
+        return Decimal(raw)
+    except InvalidOperation:
+        return None
+
+
 def parse_positive(text: str | float | int, field: str, unit: str) -> Decimal:
     """A positive finite decimal from user text ("2.5"), or a UserError naming ``field``."""
-    try:
-        value = Decimal(str(text).strip())
-    except InvalidOperation:
-        raise UserError(field, f"{text!r} is not a number of {unit}.", "E.g. 72 or 2.5.") from None
+    value = parse_decimal(text)
+    if value is None:
+        raise UserError(field, f"{str(text)[:40]!r} is not a number of {unit}.",
+                        "E.g. 72 or 2.5 (digits and one decimal point).")
     if not value.is_finite() or value <= 0:
         raise UserError(field, f"must be a positive number of {unit}, got {text}.",
                         f"Give a duration greater than 0 {unit}.")
@@ -98,6 +115,9 @@ def parse_positive(text: str | float | int, field: str, unit: str) -> Decimal:
 
 
 MAX_TERM_S = 10 * 365 * 86400  # ten years: longer is a typo, not a rental
+# an option's quantity: a billion units (GB-months: an exabyte for a month) is past any rental;
+# a larger number is a typo, and would overflow the ledger's integer cents
+MAX_OPTION_QUANTITY = Decimal(10**9)
 
 
 def parse_duration(hours: str | None, days: str | None, *, required: bool = True) -> int | None:
@@ -142,12 +162,10 @@ def parse_options(card: Card, texts: list[str] | tuple[str, ...] | None) -> dict
                             f"{card.id} offers no options.")
         if name in out:
             raise UserError("option", f"{name!r} is given twice.", "Give each option once.")
-        try:
-            value = Decimal(qty.strip())
-        except InvalidOperation:
-            value = Decimal("NaN")
-        if not value.is_finite() or value < 0:
-            raise UserError("option", f"{name}={qty!r}: the quantity must be a number >= 0 "
-                            f"(in {offered[name].unit} units).", "E.g. storage_gb_month=500.")
+        value = parse_decimal(qty)
+        if value is None or value < 0 or value > MAX_OPTION_QUANTITY:
+            raise UserError("option", f"{name}={qty[:40]!r}: the quantity must be a number >= 0 "
+                            f"and at most {MAX_OPTION_QUANTITY:,} (in {offered[name].unit} "
+                            "units).", "E.g. storage_gb_month=500.")
         out[name] = value
     return out

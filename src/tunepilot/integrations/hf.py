@@ -116,6 +116,9 @@ class TunepilotCallback(TrainerCallback):
         secs = time.perf_counter() - self._last_event
         ck = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         self.recorder.checkpoint(secs, dir_bytes(ck) if ck.is_dir() else 0)
+        if ck.is_dir():  # SHA-256 of every file, so `tunepilot verify` can call it intact
+            from tunepilot.checkpoint.hf import write_hf_manifest
+            write_hf_manifest(ck, state.global_step, world_size=int(args.world_size or 1))
         if self.proof is not None:
             self.proof.saved(ck, state, secs)
         self._last_event = time.perf_counter()

@@ -24,8 +24,74 @@ from pathlib import Path
 
 from tunepilot.errors import UserError
 
-DEFAULT_INSTALL = 'pip install "tunepilot[torch,gpu]"'
+EXTRAS = "[torch,gpu]"
+INDEX_INSTALL = f'pip install "tunepilot{EXTRAS}"'  # only where tunepilot is on the index
 RDZV_PORT = 29400
+SKY_SRC = "~/.tunepilot/src"  # where a SkyPilot node gets this tunepilot's source (file_mounts)
+
+
+@dataclass
+class Install:
+    """How the node installs tunepilot: the shell line, what SkyPilot must upload for it
+    (file_mounts: remote -> local), and a warning when it relies on the package index."""
+
+    command: str
+    sky_mounts: dict[str, str] = field(default_factory=dict)
+    warning: str | None = None
+    how: str = ""
+
+
+def source_tree() -> Path | None:
+    """The source checkout this tunepilot runs from (src/tunepilot + pyproject.toml naming
+    tunepilot), or None when it was installed from a wheel."""
+    import re
+
+    import tunepilot
+
+    pkg = Path(tunepilot.__file__).resolve().parent
+    root = pkg.parent.parent
+    try:
+        text = (root / "pyproject.toml").read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    named = re.search(r'(?m)^name\s*=\s*"tunepilot"\s*$', text)
+    return root if pkg.parent.name == "src" and named else None
+
+
+def install_plan(via: str, install: str | None, wheel: Path | None,
+                 source: Path | None) -> Install:
+    """``--install CMD`` as given; else ``--wheel FILE``; else this tunepilot's own source tree
+    (SkyPilot uploads its pyproject.toml, README.md and src/; Slurm installs from the path on
+    the shared filesystem); else the package index, with a warning that it needs tunepilot
+    there."""
+    if install:
+        return Install(install, how="--install, as given")
+    if wheel is not None:
+        wheel = Path(wheel).resolve()
+        if not wheel.is_file() or wheel.suffix != ".whl":
+            raise UserError("--wheel", f"{wheel} is not a wheel file (.whl).",
+                            "Build one with `pip wheel --no-deps -w dist .` in the tunepilot "
+                            "source tree and pass its path.")
+        if via == "skypilot":
+            remote = f"~/.tunepilot/{wheel.name}"
+            return Install(f'pip install "$HOME/.tunepilot/{wheel.name}{EXTRAS}"',
+                           {remote: str(wheel)}, how=f"the wheel {wheel.name}, uploaded")
+        return Install(f'python -m pip install "{wheel}{EXTRAS}"',
+                       how=f"the wheel {wheel} (on the shared filesystem)")
+    if source is not None:
+        if via == "skypilot":
+            mounts = {f"{SKY_SRC}/{name}": str(source / name)
+                      for name in ("pyproject.toml", "README.md", "src")
+                      if (source / name).exists()}
+            return Install(f'pip install "$HOME/.tunepilot/src{EXTRAS}"', mounts,
+                           how=f"this tunepilot's source ({source}), uploaded")
+        return Install(f'python -m pip install "{source}{EXTRAS}"',
+                       how=f"this tunepilot's source {source} (on the shared filesystem)")
+    return Install(INDEX_INSTALL, warning=(
+        "tunepilot here was installed from a wheel, not a source tree, and no --wheel was "
+        f"given: the node runs `{INDEX_INSTALL}`, which only works where tunepilot is on your "
+        "package index. Pass --wheel FILE (a wheel of this version) or --install CMD."),
+        how="the package index")
 
 
 @dataclass
@@ -40,12 +106,15 @@ class LaunchPlan:
     commands_after: list[str] = field(default_factory=list)
     submitted: str | None = None
     notes: list[str] = field(default_factory=list)
+    install: str = ""
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"via": self.via, "out": self.out, "card": self.card, "count": self.count,
                 "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
                 "run_dir": self.run_dir, "commands_after": self.commands_after,
-                "submitted": self.submitted, "notes": self.notes}
+                "submitted": self.submitted, "install": self.install,
+                "warnings": self.warnings, "notes": self.notes}
 
 
 def _layout(count: int, gpus_per_node: int | None) -> tuple[int, int]:
@@ -58,8 +127,8 @@ def _layout(count: int, gpus_per_node: int | None) -> tuple[int, int]:
 
 def plan_launch(spec_path: Path, spec, card, *, count: int, via: str, out: Path,
                 hours: float | None, gpus_per_node: int | None = None,
-                install: str = DEFAULT_INSTALL, run_dir: str | None = None) -> tuple[str,
-                                                                                    LaunchPlan]:
+                install: str | None = None, wheel: Path | None = None,
+                run_dir: str | None = None) -> tuple[str, LaunchPlan]:
     """(the file's text, what it does) for ``via``."""
     if via not in ("skypilot", "slurm"):
         raise UserError("--via", f"{via!r} is not skypilot or slurm.",
@@ -67,6 +136,10 @@ def plan_launch(spec_path: Path, spec, card, *, count: int, via: str, out: Path,
     nodes, per = _layout(count, gpus_per_node)
     run_dir = run_dir or f"runs/{spec.label}-{card.id}x{count}"
     plan = LaunchPlan(via, str(out), card.id, count, nodes, per, run_dir)
+    install = install_plan(via, install, wheel, source_tree())
+    plan.install = install.how
+    if install.warning:
+        plan.warnings.append(install.warning)
     if via == "skypilot":
         from tunepilot.launch.skypilot import task_yaml
 

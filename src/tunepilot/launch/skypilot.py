@@ -6,11 +6,11 @@ import shlex
 from pathlib import Path
 
 from tunepilot.errors import UserError
-from tunepilot.launch import RDZV_PORT, LaunchPlan, data_mounts, run_line, slug
+from tunepilot.launch import RDZV_PORT, Install, LaunchPlan, data_mounts, run_line, slug
 
 
-def task_yaml(spec_path: Path, spec, card, nodes: int, per: int, count: int, hours, install,
-              plan: LaunchPlan) -> str:
+def task_yaml(spec_path: Path, spec, card, nodes: int, per: int, count: int, hours,
+              install: Install, plan: LaunchPlan) -> str:
     import yaml
 
     accel = _sky_name(card)
@@ -27,8 +27,8 @@ def task_yaml(spec_path: Path, spec, card, nodes: int, per: int, count: int, hou
     task = {"name": f"tunepilot-{slug(spec.label)}",
             "resources": {"accelerators": f"{accel}:{per}"},
             "num_nodes": nodes, "workdir": str(spec_path.parent.resolve()),
-            "setup": f"set -e\n{install}\ntunepilot --version\n", "run": body}
-    mounts = data_mounts(spec_path, spec)
+            "setup": f"set -e\n{install.command}\ntunepilot --version\n", "run": body}
+    mounts = {**install.sky_mounts, **data_mounts(spec_path, spec)}
     if mounts:
         task["file_mounts"] = mounts
     plan.commands_after.insert(0, f"sky rsync-down {task['name']} ~/sky_workdir/{plan.run_dir} "

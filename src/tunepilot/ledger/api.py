@@ -6,11 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from tunepilot.catalog import Catalog
-from tunepilot.cost.terms import check_count, parse_duration, parse_options, term_cost
+from tunepilot.cost.terms import (
+    check_count,
+    parse_decimal,
+    parse_duration,
+    parse_options,
+    term_cost,
+)
 from tunepilot.errors import UserError
 from tunepilot.ledger.db import Ledger, _hours, default_db_path, parse_start, utc_now
 from tunepilot.ledger.records import Booking, Cancellation, Invoice, Usage
@@ -71,6 +76,20 @@ def existing(db: Path | str | None) -> Iterator[Ledger | None]:
         yield ledger
 
 
+MAX_BOOKING_ID = 2**63 - 1  # SQLite's INTEGER PRIMARY KEY
+
+
+def _check_id(booking_id: int) -> int:
+    """A booking id the database can hold; anything else names no booking (before the file is
+    opened: a 21-digit id is not a SQLite overflow)."""
+    if isinstance(booking_id, bool) or not isinstance(booking_id, int) or \
+            not 1 <= booking_id <= MAX_BOOKING_ID:
+        raise UserError("id", f"no booking {str(booking_id)[:30]}: booking ids are whole "
+                        f"numbers from 1 to {MAX_BOOKING_ID:,}.",
+                        "List them with `tunepilot bookings`.")
+    return booking_id
+
+
 def _need(ledger: Ledger | None, db: Path | str | None, booking_id: int) -> Ledger:
     if ledger is None:
         path = Path(db) if db is not None else default_db_path()
@@ -80,22 +99,22 @@ def _need(ledger: Ledger | None, db: Path | str | None, booking_id: int) -> Ledg
 
 
 def cancel(db: Path | str | None, booking_id: int, now: datetime | None = None) -> Cancellation:
+    _check_id(booking_id)
     with existing(db) as ledger:
         return _need(ledger, db, booking_id).cancel(booking_id, now or utc_now())
 
 
 def invoice(db: Path | str | None, booking_id: int) -> Invoice:
+    _check_id(booking_id)
     with existing(db) as ledger:
         return _need(ledger, db, booking_id).invoice(booking_id)
 
 
 def usage(db: Path | str | None, booking_id: int, hours_used: str,
           now: datetime | None = None) -> Usage:
-    try:
-        used = Decimal(str(hours_used).strip())
-    except InvalidOperation:
-        used = Decimal("NaN")
-    if not used.is_finite() or used < 0:
+    _check_id(booking_id)
+    used = parse_decimal(hours_used)
+    if used is None or used < 0:
         raise UserError("hours_used", f"must be a number of hours >= 0, got {hours_used!r}.",
                         "E.g. --hours-used 61.5.")
     with existing(db) as ledger:

@@ -19,11 +19,13 @@ Commands that only read never create the file.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -123,6 +125,90 @@ def _check_aware(now: datetime) -> None:
         raise ValueError("ledger clocks must be timezone-aware (UTC)")
 
 
+# --- what SQLite said -------------------------------------------------------------------------
+
+# SQLite's primary result codes (https://www.sqlite.org/rescode.html); the extended code of an
+# exception (sqlite_errorcode, Python >= 3.11) carries the primary one in its low byte.
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR = 5, 6, 8, 10
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 11, 13, 14, 26
+
+
+def db_error(exc: sqlite3.Error, path: Path | str | None, outcome: str = "was not changed"
+             ) -> UserError:
+    """What a SQLite error means for the person, as one UserError: a full disk, a lock, a file
+    that cannot be written, an I/O error, or (only when SQLite says so) a damaged database."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text = str(exc)
+    where = f"the ledger {str(path)!r}" if path is not None else "the ledger database"
+    if primary == _SQLITE_FULL or "disk is full" in text:
+        intact = "" if "created" in outcome else " and is intact"
+        return UserError("db", f"the disk is full (no space left on device) where {where} is; "
+                         f"the ledger {outcome}{intact}.",
+                         "Free disk space there, or pass another --db, then run it again.")
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in text:
+        return UserError("db", f"{where} is locked by another process (waited "
+                         f"{BUSY_TIMEOUT_S:g} s); it {outcome}.",
+                         "Try again when it has finished, or close it.")
+    if primary in (_SQLITE_READONLY, _SQLITE_CANTOPEN) or "readonly" in text:
+        return UserError("db", f"{where} cannot be written ({text}); it {outcome}.",
+                         "Check the file's and its directory's permissions, or pass another "
+                         "--db.")
+    if primary == _SQLITE_IOERR or "disk I/O error" in text:
+        return UserError("db", f"the disk refused a read or write of {where} ({text}); it "
+                         f"{outcome}.", "Check the disk (dmesg), then run it again.")
+    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in text or \
+            "not a database" in text:
+        return UserError("db", f"{where} is damaged or not a tunepilot ledger ({text}); it "
+                         f"{outcome}.", "Restore the file from a backup, or pass another --db.")
+    return UserError("db", f"{where} refused the change: {text}; it {outcome}.",
+                     "Check the file's permissions and free disk.")
+
+
+def _create(cls, path: Path) -> None:
+    """A new ledger at ``path``: built and migrated in a temporary file beside it, then
+    hard-linked into place (fails if the path exists: a process that created it first wins and
+    its ledger is used). Nothing is left behind on failure."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _os_user_error(exc, path) from None
+    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        try:
+            conn = sqlite3.connect(tmp, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise db_error(exc, path, "was not created") from None
+        try:
+            cls(conn, path)._migrate(outcome="was not created")
+        finally:
+            conn.close()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: its ledger is the ledger
+        except OSError as exc:  # a filesystem without hard links
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise _os_user_error(exc, path) from None
+            if not path.exists():
+                os.rename(tmp, path)
+    except OSError as exc:
+        raise _os_user_error(exc, path) from None
+    finally:
+        for p in (tmp, tmp.with_name(tmp.name + "-journal")):
+            with suppress(OSError):
+                p.unlink()
+
+
+def _os_user_error(exc: OSError, path: Path) -> UserError:
+    from tunepilot.errors import os_error_kind
+
+    kind, words = os_error_kind(exc)
+    return UserError("db", f"cannot create the ledger {str(path)!r}: {words}; nothing was "
+                     "written.", "Free disk space there, or pass another --db." if kind == "full"
+                     else "Pass a writable file path with --db.")
+
+
 # --- schema ------------------------------------------------------------------------------------
 
 
@@ -188,16 +274,24 @@ class Ledger:
 
     @classmethod
     def open(cls, path: Path | str | None = None) -> Ledger:
-        """Open (creating it and its directory when missing) and migrate to SCHEMA_VERSION."""
+        """Open (creating it and its directory when missing) and migrate to SCHEMA_VERSION. A
+        new ledger is built complete beside its path and linked into place in one step, so no
+        process ever sees a half-made ledger (another process creating it at the same moment,
+        or a full disk, leaves either a whole ledger or none)."""
         path = Path(path) if path is not None else default_db_path()
-        if path.is_file() and path.stat().st_size == 0:
-            raise UserError("db", f"{str(path)!r} is an empty file, not a tunepilot ledger (as "
-                            "a new ledger its booking ids would restart at 1).",
-                            "Pass the ledger's real file with --db, or remove the empty file "
-                            "to start a new ledger.")
+        in_memory = str(path) == ":memory:"  # SQLite's own name for a private in-memory ledger
+        if not in_memory and not path.exists():
+            _create(cls, path)
+        elif path.is_file() and path.stat().st_size == 0:
+            raise UserError("db", f"{str(path)!r} is an empty file, not a tunepilot ledger: "
+                            "tunepilot creates a ledger whole, in one step, so something else "
+                            "made this file (or a tunepilot before 0.1 failed to create it).",
+                            "If no booking was ever made in it, remove the empty file and a "
+                            "new ledger is created; otherwise pass the ledger's real file with "
+                            "--db.")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn = sqlite3.connect(":memory:" if in_memory else path, timeout=BUSY_TIMEOUT_S,
+                                   isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise UserError("db", f"cannot open the ledger {str(path)!r}: {exc}.",
                             "Pass a writable file path with --db.") from None
@@ -216,34 +310,39 @@ class Ledger:
         self.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """BEGIN IMMEDIATE: take the write lock first, so check-then-insert cannot interleave."""
+    def _tx(self, outcome: str = "was not changed") -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE: take the write lock first, so check-then-insert cannot interleave.
+        Any SQLite error - at BEGIN, in the body or at COMMIT - rolls back and becomes one
+        UserError that says what happened (a full disk is not damage)."""
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise UserError("--db", f"the ledger database cannot be written: {exc}.",
-                            "Check the file's permissions and free disk, or close the process "
-                            "that holds it.") from None
+            raise db_error(exc, self.path, outcome) from None
         try:
             yield self.conn
+            self.conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            self.conn.execute("ROLLBACK")
-            raise UserError("--db", f"the ledger database refused the change: {exc}; nothing "
-                            "was written.", "Check the file's permissions and free disk.") from None
+            self._rollback()
+            raise db_error(exc, self.path, outcome) from None
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            self._rollback()
             raise
-        self.conn.execute("COMMIT")
+
+    def _rollback(self) -> None:
+        """Roll back what is open (SQLite has already rolled back after some errors)."""
+        if self.conn.in_transaction:
+            with suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
 
     @property
     def schema_version(self) -> int:
         return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
 
-    def _migrate(self) -> None:
+    def _migrate(self, outcome: str = "was not changed") -> None:
         try:
             if self.schema_version == SCHEMA_VERSION:
                 return
-            with self._tx() as db:  # another process may be migrating: re-read under the lock
+            with self._tx(outcome) as db:  # another process may be migrating: re-read under the lock
                 version = int(db.execute("PRAGMA user_version").fetchone()[0])
                 if version > SCHEMA_VERSION:
                     raise TunepilotError(f"the ledger {self.path} has schema version {version}, "
@@ -256,12 +355,7 @@ class Ledger:
                                    (number, description, _iso(int(utc_now().timestamp()))))
                         db.execute(f"PRAGMA user_version = {number}")
         except sqlite3.DatabaseError as exc:
-            if "locked" in str(exc):
-                raise UserError("db", f"the ledger {str(self.path)!r} is locked by another "
-                                f"process (waited {BUSY_TIMEOUT_S:g} s).",
-                                "Try again when it has finished, or close it.") from None
-            raise UserError("db", f"{str(self.path)!r} is not a tunepilot ledger: {exc}.",
-                            "Pass another file with --db.") from None
+            raise db_error(exc, self.path, outcome) from None
 
     # -- quotes -----------------------------------------------------------------------------
 
@@ -290,8 +384,12 @@ class Ledger:
 
     def book(self, card: Card, count: int, start_ts: int, term_s: int, items: list[LineItem],
              *, quote_id: str | None, catalog_as_of: str | None, now: datetime) -> Booking:
-        """Allocate ``count`` x ``card`` for [start, start + term_s) or raise CapacityError."""
-        end_ts = start_ts + term_s
+        """Allocate ``count`` x ``card`` for [start, start + billed) or raise CapacityError:
+        the cards are held for the time the invoice bills (``term_s`` rounded up to the
+        billing increment and at least the minimum charge), never less."""
+        from tunepilot.cost.terms import billed_seconds
+
+        end_ts = start_ts + billed_seconds(card, term_s)
         inventory = card.inventory.count
         stamp = _iso(_ts(now))
         with self._tx() as db:

@@ -155,6 +155,17 @@ def optimizer_bytes(spec, trainable: int, shapes: list[tuple[int, ...]], impl: s
     return state, temp
 
 
+def optimizer_state_label(spec) -> str:
+    """What optimizer_bytes counts, in words: '8-bit state: ...', 'state fp32', ..."""
+    name = spec.optimizer.name
+    if name in ("adamw_8bit", "paged_adamw_8bit"):
+        return (f"8-bit state: 2 uint8 moments + fp32 block absmax, "
+                f"{ADAM8BIT_BYTES_PER_PARAM:.2f} B/param")
+    if name == "adafactor":
+        return "factored fp32 second moment, no first moment"
+    return f"state {spec.optimizer_state_dtype}"
+
+
 def optimizer_state_bytes(arch: Arch, spec, trainable: int) -> int:
     """Bytes of optimizer state for the spec (what a checkpoint holds besides the weights)."""
     return optimizer_bytes(spec, trainable, trainable_shapes(arch, spec), "fused")[0]

@@ -134,10 +134,16 @@ def binned(title: str, edges: list[tuple[int, int, int]], markers: dict[str, flo
     return c
 
 
+LABEL_ROW_PX = 13  # one marker label per row, above the plot: never over a bar or a label
+CHAR_PX = 6  # about one character of the 11 px sans-serif the charts are drawn in
+
+
 def _bars_of(c: Chart, counts: list[int], lo: float, step: float, markers: dict[str, float],
              unit: str, left: int, top: int, bottom: int, hi: float | None = None) -> Chart:
     hi = hi if hi is not None else lo + step * len(counts)
     cmax = max(counts) or 1
+    band = top + 4
+    top = band + LABEL_ROW_PX * len(markers)  # the plot starts below the labels' band
     pw, ph = c.width - left - 20, c.height - top - bottom
     span = max(hi - lo, 1e-12)
     bw = pw * step / span
@@ -148,10 +154,13 @@ def _bars_of(c: Chart, counts: list[int], lo: float, step: float, markers: dict[
                          "tip": f"{_num(lo + i * step)}-{_num(lo + (i + 1) * step)} {unit}: {n}"})
     for k, (name, v) in enumerate(markers.items()):
         x = left + (v - lo) / span * pw
-        c.shapes.append({"kind": "line", "x1": x, "y1": top, "x2": x, "y2": top + ph,
+        y = band + LABEL_ROW_PX * k + 10
+        c.shapes.append({"kind": "line", "x1": x, "y1": y + 2, "x2": x, "y2": top + ph,
                          "stroke": PALETTE[2 + k], "dash": ""})
-        c.shapes.append({"kind": "text", "x": x + 3, "y": top + 10 + 12 * k, "anchor": "start",
-                         "text": f"{name} {_num(v)} {unit}"})
+        text = f"{name} {_num(v)} {unit}"
+        fits_right = x + 3 + len(text) * CHAR_PX <= c.width - 2
+        c.shapes.append({"kind": "text", "x": x + 3 if fits_right else x - 3, "y": y,
+                         "anchor": "start" if fits_right else "end", "text": text})
         c.legend.append({"label": name, "color": PALETTE[2 + k]})
     base = top + ph
     c.shapes += [{"kind": "text", "x": left, "y": base + 14, "anchor": "start",

@@ -54,8 +54,12 @@ def _gates(dec: Decision) -> list[list]:
 
 
 def _memory(plan: MemoryPlan | None, pilot: PilotResult | None) -> dict | None:
+    measured = _measured_memory(pilot)
     if plan is None:
-        return None
+        return {"charts": [], "fit_rows": [], "pvm_rows": [], "measured_rows": measured,
+                "note": "What the run measured (this directory holds no plan: `tunepilot "
+                        "plan SPEC` projects one)."} \
+            if measured else None
     d = plan.per_device
     at = plan.phase(plan.peak_phase) or plan.phases[0]
     values = {"weights": at.weights_bytes, "master weights": at.master_weights_bytes,
@@ -76,7 +80,8 @@ def _memory(plan: MemoryPlan | None, pilot: PilotResult | None) -> dict | None:
     chart = charts.stacked_bars(f"Device peak per card at the {plan.peak_phase} phase "
                                 f"({plan.fidelity} plan, projected; ticks: capacity solid, "
                                 "less headroom dashed)", bars, list(values), unit, scale)
-    out = {"chart": chart,
+    out = {"charts": [chart, *_state_chart(values, d.device_peak_bytes)],
+           "measured_rows": measured, "note": None,
            "fit_headers": ["card", "capacity", "device peak", "fits", "free", "FSDP cards",
                            "max micro-batch", "max seq len"],
            "fit_rows": [[c.card, fmt_bytes(c.capacity_bytes, decimal=True),
@@ -99,6 +104,42 @@ def _memory(plan: MemoryPlan | None, pilot: PilotResult | None) -> dict | None:
                             else f"{c.ratio.value:.2f}", c.what]
                            for name, c in pvm.components.items()]
     return out
+
+
+RUNTIME_DOMINATES = 0.5  # allocator + runtime above this share of the peak: chart the rest too
+
+
+def _state_chart(values: dict[str, int], peak: int) -> list:
+    """A small model's peak is mostly the runtime (CUDA context, workspaces): its training state
+    is then charted again on its own scale, so what the run itself holds can be read."""
+    runtime = values.get("allocator + runtime", 0)
+    state = {k: v for k, v in values.items() if k != "allocator + runtime"}
+    total = sum(state.values())
+    if not peak or runtime <= RUNTIME_DOMINATES * peak or total <= 0:
+        return []
+    unit, scale = next(((u, n) for u, n in (("GiB", GIB), ("MiB", MIB)) if total >= n),
+                       ("KiB", 1024))
+    return [charts.stacked_bars(
+        f"The training state alone ({fmt_bytes(total)} of the {fmt_bytes(peak)} peak; "
+        f"allocator + runtime is the other {runtime / peak:.0%}), projected",
+        [{"label": "training state", "values": state, "projected": True, "markers": []}],
+        list(state), unit, scale)]
+
+
+def _measured_memory(pilot: PilotResult | None) -> list[list]:
+    """Every memory figure the pilot (or a callback, or watch) measured, with its basis."""
+    if pilot is None:
+        return []
+    m = pilot.memory
+    rows = [("device peak (NVML/amdsmi, device-wide)", m.device.peak_bytes),
+            ("device baseline before the run", m.device.baseline_bytes),
+            ("allocator peak allocated", m.allocator.peak_allocated_bytes),
+            ("allocator peak reserved", m.allocator.peak_reserved_bytes),
+            ("process peak RSS (host memory)", m.process.peak_rss_bytes),
+            ("RSS growth over the run", m.process.rss_growth_bytes),
+            ("device memory (capacity)", pilot.device.memory)]
+    return [[name, fmt_bytes(f.value), _basis(f), f.how or ""] for name, f in rows
+            if f is not None and f.value is not None]
 
 
 def _steps(pilot: PilotResult | None) -> dict | None:
@@ -255,7 +296,8 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
     prov = manifest.provenance or {k: v for k, v in manifest.model_dump().items() if k != "spec"}
     html = env.get_template("report.html.j2").render(
         label=label, spec_hash=manifest.spec_hash or "?", decision=dec,
-        gates=_gates(dec) if dec else [], stages=", ".join(sorted(manifest.stages)) or "none",
+        pending=_pending(run.path, manifest, got["pilot"]) if dec is None else "",
+        gates=_gates(dec) if dec else [],
         memory=_memory(got["plan"], got["pilot"]), steps=_steps(got["pilot"]),
         data=_data(got["data"]), restore=_restore(got["restore"]),
         scaling=_scaling(got["scale"]), cost=_cost(got["compare"], got["quote"]),
@@ -264,6 +306,24 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
     atomic_write_bytes(html_path, html.encode())
     atomic_write_bytes(md_path, _markdown(label, manifest, got).encode())
     return html_path, md_path
+
+
+_OWN_RUN = {"hf-callback": "TunepilotCallback in your own HF Trainer run",
+            "lightning-callback": "TunepilotCallback in your own Lightning run",
+            "watch": "`tunepilot watch` around your own command"}
+
+
+def _pending(path: Path, manifest, pilot: PilotResult | None) -> str:
+    """Why there is no decision, and what would make one - a run measured in the user's own
+    loop is not a run that failed."""
+    stages = ", ".join(sorted(manifest.stages)) or "none"
+    by = _OWN_RUN.get(pilot.source) if pilot is not None else None
+    if by:
+        return (f"Measured by {by} (pilot.json): a measurement, not a decision. For one, quote "
+                f"it on a card: tunepilot quote {path}/spec.yaml --from {path} --card CARD "
+                "--hours H")
+    return (f"No decision in this directory: a decision is what `tunepilot run` ends with "
+            f"(stages present: {stages}).")
 
 
 def _run_dir(run_dir: str | Path) -> RunDir:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 
+from tunepilot.model.flops import optimizer_state_label
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.units import fmt_bytes, fmt_number
 from tunepilot.views.common import cell, console, table
@@ -18,7 +19,7 @@ def render_plan(plan: MemoryPlan, spec, headroom: float) -> None:
                   "cards are sold in GB = 10^9 bytes)")
     console.print(f"params: total {p.total:,}  trainable {p.trainable:,}  frozen {p.frozen:,}   "
                   f"method {spec.method.kind}, {spec.precision}, optimizer {spec.optimizer.name} "
-                  f"(state {spec.optimizer_state_dtype})")
+                  f"({optimizer_state_label(spec)})")
     console.print(f"tokens: micro-batch {spec.micro_batch_size} x seq {spec.sequence_length} = "
                   f"{plan.tokens_per_micro_batch:,} tokens; x {spec.gradient_accumulation_steps} "
                   f"accumulation x {plan.world_size} rank(s) = {plan.tokens_per_optimizer_step:,} "

@@ -5,7 +5,7 @@ shows the work is alive even through one long silent call (a model build, a trac
 process). TUNEPILOT_PROGRESS_EVERY_S sets the interval (default 5 s).
 
     progress(what)  -> callback(phase, done, total)   counted work (pilot steps, data files)
-    messages(what)  -> say(message)                    stage-level messages (run, restore, scale)
+    messages(what)  -> say(message[, done, total])     stage-level messages (run, restore, scale)
     ticking(what, phase)                               one long call with nothing to count
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 LINE_EVERY_S = 5.0
 
 Progress = Callable[[str, int, int | None], None]
-Say = Callable[[str], None]
+Say = Callable[..., None]  # say(message) or say(message, done, total)
 
 
 def _every_s() -> float:
@@ -32,16 +32,55 @@ def _every_s() -> float:
     return value if 0.05 <= value <= 3600 else LINE_EVERY_S
 
 
+class _Pace:
+    """How fast a counted phase goes: the interval of the latest unit (a step) and the time the
+    rest will take at the pace so far."""
+
+    def __init__(self, now: float):
+        self.start, self.first_done, self.first_at = now, None, now
+        self.done, self.at, self.interval = 0, now, None
+
+    def update(self, now: float, done: int) -> None:
+        if self.first_done is None and done > 0:
+            self.first_done, self.first_at = done, now
+        if done > self.done and self.done > 0:
+            self.interval = (now - self.at) / (done - self.done)
+        if done != self.done:
+            self.done, self.at = done, now
+
+    def words(self, total: int | None, now: float) -> str:
+        """' 7/100 (last 0.41 s each, about 38 s left)', or just the count early on."""
+        count = f" {self.done}/{total}" if total else (f" {self.done}" if self.done else "")
+        parts = []
+        since = now - self.at
+        if self.interval is not None:
+            parts.append(f"last {_secs(self.interval)} each")
+            if since > max(1.0, 2 * self.interval):  # the current one is taking long
+                parts.append(f"this one {_secs(since)} so far")
+        elif self.done:
+            parts.append(f"{_secs(since)} since the last")
+        if total and self.first_done is not None and self.done > self.first_done:
+            per = (self.at - self.first_at) / (self.done - self.first_done)
+            parts.append(f"about {_secs(max(total - self.done, 0) * per)} left at this pace")
+        return count + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _secs(s: float) -> str:
+    return f"{s:.2f} s" if s < 10 else f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
 class _Lines:
-    """Progress as log lines: 'pilot [12.3 s] measure steps 7/100'; a heartbeat thread adds
-    'pilot [17.3 s] measure steps 7/100 (still running)' when nothing was written for a while."""
+    """Progress as log lines: 'pilot [12.3 s] measure steps 7/100 (last 0.41 s each, about
+    38 s left at this pace)'; a heartbeat thread adds the same line with '(still running)' when
+    nothing was written for a while."""
 
     def __init__(self, what: str, stream, every_s: float | None = None):
         self.what, self.stream = what, stream
         self.every_s = _every_s() if every_s is None else every_s
         self.t0 = time.monotonic()
         self.phase: str | None = None
-        self.count = ""
+        self.total: int | None = None
+        self.pace = _Pace(self.t0)
         self.last = 0.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -50,7 +89,10 @@ class _Lines:
     def __call__(self, phase: str, done: int, total: int | None) -> None:
         now = time.monotonic()
         with self._lock:
-            self.count = f" {done}/{total}" if total else (f" {done}" if done else "")
+            if phase != self.phase:
+                self.pace = _Pace(now)
+            self.pace.update(now, done)
+            self.total = total
             if phase == self.phase and now - self.last < self.every_s:
                 return
             self.phase = phase
@@ -58,8 +100,8 @@ class _Lines:
 
     def _write(self, now: float, suffix: str) -> None:
         self.last = now
-        self.stream.write(f"{self.what} [{now - self.t0:6.1f} s] {self.phase}{self.count}"
-                          f"{suffix}\n")
+        self.stream.write(f"{self.what} [{now - self.t0:6.1f} s] {self.phase}"
+                          f"{self.pace.words(self.total, now)}{suffix}\n")
         self.stream.flush()
 
     def _beat(self) -> None:
@@ -122,13 +164,16 @@ def progress(what: str) -> Iterator[Progress]:
 @contextlib.contextmanager
 def messages(what: str) -> Iterator[Say]:
     """say(message) for stage-level messages, each printed once (a repeat is left to the
-    heartbeat); on a terminal each stays on screen and a spinner with the elapsed time shows
-    the current one."""
+    heartbeat), and say(message, done, total) for counted work inside one (the pilot's steps):
+    the count, the last step's time and what is left at this pace. On a terminal each message
+    stays on screen and a spinner with the elapsed time shows the current one and its count."""
     err = _console()
     if not err.is_terminal:
         with _Lines(what, sys.stderr) as lines:
-            def say(msg: str) -> None:
-                if msg != lines.phase:
+            def say(msg: str, done: int | None = None, total: int | None = None) -> None:
+                if done is not None:
+                    lines(msg, done, total)
+                elif msg != lines.phase:
                     lines(msg, 0, None)
 
             yield say
@@ -136,13 +181,18 @@ def messages(what: str) -> Iterator[Say]:
     t0 = time.monotonic()
     with err.status(what) as status:
         last: list[str] = []
+        pace = _Pace(t0)
 
-        def say(msg: str) -> None:
-            if last and last[-1] == msg:
-                return
-            last.append(msg)
-            err.print(f"{what} [{time.monotonic() - t0:6.1f} s] {msg}", markup=False)
-            status.update(msg)
+        def say(msg: str, done: int | None = None, total: int | None = None) -> None:
+            nonlocal pace
+            now = time.monotonic()
+            if not last or last[-1] != msg:
+                last.append(msg)
+                pace = _Pace(now)
+                err.print(f"{what} [{now - t0:6.1f} s] {msg}", markup=False)
+            if done is not None:
+                pace.update(now, done)
+            status.update(msg + (pace.words(total, now) if done is not None else ""))
 
         yield say
 

@@ -80,10 +80,15 @@ def render_export(r: ExportResult, path: str | None = None) -> None:
 
 def render_verify(report) -> None:
     """`tunepilot verify`: every problem named by file, component and rank."""
-    ok = "[green]intact[/green]" if report.ok else "[red]PROBLEMS[/red]"
-    console.print(f"[bold]{escape(report.path)}[/bold]: {report.kind} checkpoint, {ok}"
-                  + (", resumable as is" if report.resumable else
-                     ", [yellow]not resumable as is[/yellow]"))
+    if not report.ok:
+        verdict = "[red]PROBLEMS[/red], [yellow]not resumable as is[/yellow]"
+    elif report.intact:
+        verdict = ("[green]intact[/green] (every file matches the SHA-256 recorded at save "
+                   "time), resumable as is")
+    else:
+        verdict = ("[yellow]not verified[/yellow]: no manifest of SHA-256s to check the bytes "
+                   "against; every component loads in a fresh process")
+    console.print(f"[bold]{escape(report.path)}[/bold]: {report.kind} checkpoint, {verdict}")
     t = table("What it holds", ["component", "files", "bytes", "status"], ("files", "bytes"))
     for c in report.components:
         t.add_row(c.name, str(c.files), fmt_bytes(c.bytes),

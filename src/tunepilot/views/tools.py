@@ -44,9 +44,17 @@ def render_catalog_import(result, out) -> None:
     console.print(t)
     for w in result.warnings:
         console.print(f"[yellow]warning[/yellow]: {escape(w)}")
-    for u in result.unknown:
+    from tunepilot.catalog.skypilot import UNKNOWN_ACCELERATORS_SHOWN
+
+    for u in result.unknown[:UNKNOWN_ACCELERATORS_SHOWN]:
+        more = u.get("num_instances", 0) - 3
         console.print(f"unknown accelerator {escape(u['accelerator'])} "
-                      f"({', '.join(u['instances'][:3])}): {escape(u['missing'])}")
+                      f"({escape(', '.join(u['instances'][:3]))}"
+                      + (f" and {more:,} more" if more > 0 else "")
+                      + f"): {escape(u['missing'])}")
+    if len(result.unknown) > UNKNOWN_ACCELERATORS_SHOWN:
+        console.print(f"... and {len(result.unknown) - UNKNOWN_ACCELERATORS_SHOWN:,} more "
+                      "unknown accelerators (--json lists them all)")
     console.print(f"{result.rows} rows read, {result.skipped_rows} skipped (no accelerator or no "
                   f"price); wrote {escape(str(out))}: pass it as --catalog")
 
@@ -62,6 +70,7 @@ def render_launch(plan) -> None:
         how = (f"sky launch -c <name> {plan.out}" if plan.via == "skypilot" else
                f"sbatch {plan.out}")
         console.print(f"submit it: {escape(how)}  (or pass --submit)")
+    console.print(f"installs tunepilot from {escape(plan.install)}")
     console.print("after the job:")
     for c in plan.commands_after:
         console.print(f"  {escape(c)}")

@@ -95,9 +95,25 @@ def import_config(path: Path, source: str | None = None,
     name = path.stem
     spec_dict = {"name": f"{name}", **m.spec}
     spec = spec_from_dict(spec_dict, source=f"{path.name} (imported from {source})")
+    _check_lora_targets(m, spec, path)
     defaults = [k for k in raw if k in m.used and k not in m.mapped]
     return ImportResult(source, str(path), spec_dict, dict(m.mapped), ignored, defaults, m.notes,
                         spec)
+
+
+def _check_lora_targets(m: Mapper, spec, path: Path) -> None:
+    """The LoRA targets must be linear layers of this model - the check the plan makes, made
+    here so that import never writes a spec the plan refuses; the error names the config's key."""
+    from tunepilot.errors import SpecError
+    from tunepilot.model.arch import lora_targets, resolve_arch
+
+    if not spec.method.is_lora:
+        return
+    try:
+        lora_targets(resolve_arch(spec, path.parent), spec.method.lora_targets)
+    except SpecError as exc:
+        keys = [k for k, f in m.mapped.items() if f == "method.lora_targets"]
+        m.fail(keys[0] if keys else None, exc.message, exc.hint)
 
 
 def _converters() -> dict[str, tuple[Any, set[str], Any]]:

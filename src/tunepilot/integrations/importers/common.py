@@ -81,6 +81,14 @@ class Mapper:
             if k in self.raw:
                 self.mapped[k] = dotted
 
+    def maps(self, dotted: str, *keys: str) -> None:
+        """Record that ``keys`` of the config became ``dotted`` (a field set inside a section
+        written as a whole, e.g. data.packing inside data)."""
+        for k in keys:
+            self.used.add(k)
+            if k in self.raw:
+                self.mapped[k] = dotted
+
     def note(self, text: str) -> None:
         self.notes.append(text)
 

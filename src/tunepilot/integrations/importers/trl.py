@@ -200,6 +200,11 @@ def _training(m: Mapper, *, trl: bool) -> None:
     if truthy(m.get("activation_offloading")):  # SFTConfig's (TRL offloads saved activations)
         m.set("activation_offloading", True, "activation_offloading")
     fsdp = m.get("fsdp")
+    if fsdp and not isinstance(fsdp, str) and not (
+            isinstance(fsdp, list) and all(isinstance(x, str) for x in fsdp)):
+        m.fail("fsdp", f"is {str(fsdp)[:60]}, not FSDP options.",
+               "TrainingArguments.fsdp is a string or a list of strings, e.g. "
+               "\"full_shard auto_wrap\" or [\"full_shard\", \"auto_wrap\"].")
     if fsdp and "full_shard" in (fsdp if isinstance(fsdp, str) else " ".join(fsdp)):
         m.set("parallel.strategy", "fsdp", "fsdp")
         conf = m.get("fsdp_config") or {}
@@ -245,10 +250,14 @@ def _data(m: Mapper, path, *, trl: bool) -> None:
     elif data["format"] == "prompt-completion":
         only = m.get("completion_only_loss")
         data["train_on"] = "all" if only is False else "completions"
-    if truthy(m.get("packing")) or truthy(m.get("padding_free")):
+    packed = [k for k in ("packing", "padding_free") if truthy(m.get(k))]
+    if packed:
         data["packing"] = True
     m.used.update({"completion_only_loss", "assistant_only_loss", "packing", "padding_free",
                    "dataset_name", "train_file", "datasets"})
     m.set("data", data, "dataset_name" if m.has("dataset_name") else "train_file")
+    m.maps("data.packing", *packed)
+    m.maps("data.train_on", *(k for k in ("assistant_only_loss", "completion_only_loss")
+                              if m.has(k) and "train_on" in data))
     if epochs and not m.spec.get("_max_steps"):
         m.set("target.epochs", epochs, "num_train_epochs")
