@@ -17,7 +17,7 @@ from tunepilot.cost.terms import (
     term_cost,
 )
 from tunepilot.errors import UserError
-from tunepilot.ledger.db import Ledger, _hours, default_db_path, parse_start, utc_now
+from tunepilot.ledger.db import Ledger, default_db_path, hours_text, parse_start, utc_now
 from tunepilot.ledger.records import Booking, Cancellation, Invoice, Usage
 from tunepilot.results.quote import Quote
 
@@ -59,7 +59,7 @@ def book(catalog: Catalog, *, db: Path | str | None, card_id: str | None, count:
             if value is not None and value != quoted[key]:
                 raise UserError(key if key != "term_s" else "hours",
                                 f"quote {quote_id} is for {quoted['count']} x {quoted['card']} "
-                                f"for {_hours(quoted['term_s'])} h, not {key} {value}.",
+                                f"for {hours_text(quoted['term_s'])} h, not {key} {value}.",
                                 "Leave the flag out to book the quote as quoted.")
         return ledger.book(card, quoted["count"], start_ts, quoted["term_s"], q.term.items,
                            quote_id=quote_id, catalog_as_of=catalog.as_of, now=now)

@@ -437,7 +437,7 @@ class Ledger:
                "LEFT JOIN invoices i ON i.booking_id = b.id "
                f"LEFT JOIN line_items li ON li.invoice_id = i.id {where} "
                "GROUP BY b.id ORDER BY b.start_ts, b.id")
-        return [Booking(r[0], r[1], r[2], _iso(r[3]), _iso(r[4]), _hours(r[4] - r[3]), r[5], r[6],
+        return [Booking(r[0], r[1], r[2], _iso(r[3]), _iso(r[4]), hours_text(r[4] - r[3]), r[5], r[6],
                         r[7], r[8], int(r[9])) for r in self.conn.execute(sql, args)]
 
     def free(self, card: Card, start_ts: int, end_ts: int) -> int:
@@ -520,13 +520,13 @@ class Ledger:
             "SELECT card_id, strftime('%Y-%m', start_ts, 'unixepoch'), SUM(count * (end_ts - "
             "start_ts)) FROM bookings WHERE status = 'booked' GROUP BY 1, 2")}
         return [{"card": card, "month": month, "bookings": n,
-                 "card_hours_booked": _hours(hours.get((card, month), 0)),
+                 "card_hours_booked": hours_text(hours.get((card, month), 0)),
                  "billed_cents": billed, "refunded_cents": refunded,
                  "net_cents": billed - refunded, "net_usd": str(cents_to_usd(billed - refunded))}
                 for card, month, n, billed, refunded in self.conn.execute(sql)]
 
 
-def _hours(seconds: int) -> str:
+def hours_text(seconds: int) -> str:
     return f"{(Decimal(seconds) / 3600).normalize():f}"
 
 
@@ -543,7 +543,7 @@ def _refusal(card: Card, count: int, start: int, term_s: int, rows: list, used: 
         if peak_use(rows, t, t + term_s)[0] + count <= inventory:
             alternative = _iso(t)
             break
-    instead = f"{count} x {card.id} are free for {_hours(term_s)} h from {alternative}"
+    instead = f"{count} x {card.id} are free for {hours_text(term_s)} h from {alternative}"
     return CapacityError(
         f"only {free} of {inventory} x {card.id} are free for the whole of {_iso(start)} .. "
         f"{_iso(start + term_s)} ({used} booked at {_iso(at)}); {count} asked for.",
