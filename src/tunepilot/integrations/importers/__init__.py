@@ -32,6 +32,9 @@ class ImportOptions:
     """plan with synthetic tokens instead of the config's dataset"""
     devices: int | None = None
     """GPUs per node for a DDP/FSDP/DeepSpeed config (the launcher decides; default 8)"""
+    objective: str | None = None
+    """the trainer a TRL config is for (`trl dpo|grpo|... --config`: the file does not say);
+    None: guessed from its keys"""
 
 
 def read_config(path: Path) -> dict:
@@ -95,9 +98,11 @@ def import_config(path: Path, source: str | None = None,
     name = path.stem
     spec_dict = {"name": f"{name}", **m.spec}
     spec = spec_from_dict(spec_dict, source=f"{path.name} (imported from {source})")
-    defaults = [k for k in raw if k in m.used and k not in m.mapped]
+    defaults = [k for k in raw if k in m.used and k not in m.mapped
+                and k not in m.no_effect_keys]
+    no_effect = [k for k in raw if k in m.no_effect_keys and k not in m.mapped]
     return ImportResult(source, str(path), spec_dict, dict(m.mapped), ignored, defaults, m.notes,
-                        spec)
+                        spec, no_effect)
 
 
 def _converters() -> dict[str, tuple[Any, set[str], Any]]:
