@@ -243,8 +243,8 @@ def logprob_bytes(arch: Arch, spec: RunSpec, cb: int, rows: int) -> dict[str, in
     for ``rows`` sequences of one micro-batch, in bytes:
 
       kept        what the loss keeps for backward: each row's log-softmax output - fp32 under
-                  autocast (CUDA autocast runs log_softmax in fp32) and fp32, the logits' 16 bit
-                  under bf16-true (4 or cb x V per logits position)
+                  autocast (CUDA autocast runs log_softmax in fp32), 16 bit under bf16-true;
+                  under fp32 the logits themselves (a logsumexp per row keeps its input)
       forward     the logits, alive until the log-probs are taken (cb x V per position), and
                   one row's fp32 upcast
       reference   a forward without gradient (the reference's, or the old policy's): its
@@ -265,12 +265,18 @@ def logprob_bytes(arch: Arch, spec: RunSpec, cb: int, rows: int) -> dict[str, in
         fwd = logits_forward_bytes(arch, spec, cb, positions)
         return {"kept": kept, "forward": fwd, "reference": fwd + 4 * V * min(
             positions, CHUNKED_LOSS_TOKENS), "backward": backward}
-    kept_per = 4 if spec.precision != "bf16-true" else cb
-    kept = kept_per * V * positions
-    row = 4 * V * min(per_row, lengths(spec).sequence)
-    backward = max((kept_per + 2 * cb) * V * per_row, 2 * cb * V * positions - kept)
-    return {"kept": kept, "forward": cb * V * positions + row,
-            "reference": cb * V * positions + 2 * row, "backward": backward}
+    row = V * min(per_row, lengths(spec).sequence)  # elements of one row's logits
+    T = V * positions
+    if spec.precision == "fp32":  # logits fp32: gather + a logsumexp per row (their input kept)
+        return {"kept": 4 * T, "forward": 4 * 4 * row, "reference": 4 * T + 16 * row,
+                "backward": 12 * T}  # the gather's scatter, the rows' stack, their sum
+    if spec.precision == "bf16-true":  # a 16-bit log_softmax per row, its output kept
+        return {"kept": cb * T, "forward": cb * T + 2 * cb * row,
+                "reference": cb * T + 2 * cb * row, "backward": 2 * cb * T}
+    kept = 4 * T  # autocast: each row's log_softmax runs (and is kept) in fp32
+    backward = max((4 + 2 * cb) * row, 2 * cb * T - kept)
+    return {"kept": kept, "forward": cb * T + 4 * row, "reference": cb * T + 8 * row,
+            "backward": backward}
 
 
 def no_grad_layer_bytes(arch: Arch, cb: int, tokens: int) -> int:
