@@ -328,11 +328,10 @@ def check(spec: Any) -> None:
             raise ValueError("objective.reference precomputed: the completions are generated "
                              "during training, so their reference log-probs cannot be computed "
                              "beforehand; use reference: auto (or beta: 0 for no reference)")
-    elif o.paired or o.kind == "kto":
-        if ln.prompt >= s:
-            raise ValueError(f"objective.max_prompt_length {ln.prompt} leaves no completion in "
-                             f"sequence_length {s} (each of chosen and rejected is prompt + "
-                             "completion); raise sequence_length or lower max_prompt_length")
+    elif (o.paired or o.kind == "kto") and ln.prompt >= s:
+        raise ValueError(f"objective.max_prompt_length {ln.prompt} leaves no completion in "
+                         f"sequence_length {s} (each of chosen and rejected is prompt + "
+                         "completion); raise sequence_length or lower max_prompt_length")
     if o.reference == "adapters-off" and not spec.method.is_lora:
         raise ValueError("objective.reference adapters-off disables LoRA adapters, but "
                          f"method.kind is {spec.method.kind!r} (no adapters); use reference: "

@@ -34,7 +34,6 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     from tunepilot.pilot.measurements import Measurements
     from tunepilot.pilot.provenance import collect_provenance
     from tunepilot.pilot.session import PilotOutOfMemory, Session
-
     from tunepilot.training import OWN_STEP_OBJECTIVES
 
     if spec.objective.kind not in OWN_STEP_OBJECTIVES:

@@ -15,7 +15,6 @@ bf16 weights with bf16 optimizer state (``bf16-true``); LoRA keeps fp32 adapters
 from __future__ import annotations
 
 from tunepilot.integrations.importers import kernels as importer_kernels
-from tunepilot.integrations.importers.objectives import set_kind, trl_keys
 from tunepilot.integrations.importers.common import (
     Mapper,
     deepspeed_strategy,
@@ -27,6 +26,7 @@ from tunepilot.integrations.importers.common import (
     scheduler,
     truthy,
 )
+from tunepilot.integrations.importers.objectives import set_kind, trl_keys
 
 SOURCE = "axolotl"
 MAPPED = {"base_model", "base_model_config", "adapter", "load_in_4bit", "load_in_8bit", "lora_r",

@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 
 from tunepilot.integrations.importers import kernels as importer_kernels
-from tunepilot.integrations.importers.objectives import set_kind
 from tunepilot.integrations.importers.common import (
     Mapper,
     deepspeed_strategy,
@@ -30,6 +29,7 @@ from tunepilot.integrations.importers.common import (
     scheduler,
     truthy,
 )
+from tunepilot.integrations.importers.objectives import set_kind
 
 SOURCE = "llamafactory"
 MAPPED = {"model_name_or_path", "finetuning_type", "quantization_bit", "lora_rank", "lora_alpha",

@@ -13,13 +13,6 @@ model in fp32 unless the file says ``torch_dtype``/``dtype``.
 from __future__ import annotations
 
 from tunepilot.integrations.importers import kernels as importer_kernels
-from tunepilot.integrations.importers.objectives import (
-    TRL_OBJECTIVE_KNOWN,
-    guess_trl_kind,
-    objective_lengths,
-    set_kind,
-    trl_keys,
-)
 from tunepilot.integrations.importers.common import (
     Mapper,
     deepspeed_strategy,
@@ -30,6 +23,13 @@ from tunepilot.integrations.importers.common import (
     optimizer,
     scheduler,
     truthy,
+)
+from tunepilot.integrations.importers.objectives import (
+    TRL_OBJECTIVE_KNOWN,
+    guess_trl_kind,
+    objective_lengths,
+    set_kind,
+    trl_keys,
 )
 
 TRAINING_ARGS = {
