@@ -296,6 +296,18 @@ def useful_unit(spec: Any) -> UsefulUnit:
                       f"({n} x {ln.completion:,} tokens at full length)")
 
 
+def unit_notes(spec: Any, target_tokens: float | None) -> list[str]:
+    """What a quote's useful token is, and the target in the objective's own unit."""
+    unit = useful_unit(spec)
+    if unit.name == "tokens":
+        return []
+    many = (f" (the target of {target_tokens:,.0f} useful tokens is about "
+            f"{unit.units(target_tokens):,.0f} {unit.name} at full length)"
+            if target_tokens else "")
+    return [f"objective {spec.objective.kind}: a useful token is a token the loss trains; the "
+            f"unit is {unit.how}{many}"]
+
+
 def useful_fraction_at_full_length(spec: Any) -> float:
     """Useful tokens / token positions the policy processes, at full length with no padding:
     what synthetic data trains (the prompt of a pair or of a generation is not trained)."""

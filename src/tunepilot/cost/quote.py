@@ -31,6 +31,7 @@ from tunepilot.cost.terms import check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
 from tunepilot.errors import UserError
 from tunepilot.model.flops import DTYPE_BYTES, FlopsPerToken, checkpoint_bytes, flops_per_token
+from tunepilot.objective import unit_notes
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
 from tunepilot.results.plan import CardFit, ParamSplit
 from tunepilot.results.quote import (
@@ -352,7 +353,7 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
     if term.term_s < job.value:
         notes.append(f"the term is {(job.value - term.term_s) / 3600:,.1f} h short: it delivers "
                      f"{share:.0%} of the target")
-    notes += _spot_note(card, count, term.term_s)
+    notes += _spot_note(card, count, term.term_s) + unit_notes(ctx.spec, target)
     split = ctx.spec.batch_on(count, exact=False)
     if split.note:
         notes.append(split.note)
