@@ -218,7 +218,8 @@ def generative_step(state, next_batch: Callable[[], dict], spec: RunSpec, *,
         if phase is not None:
             phase("generation")
         tg = time.perf_counter()
-        r = rollout(state, prompts, spec, pad_id=state.pad_token_id, eos_id=state.eos_token_id)
+        r = rollout(state, prompts, spec, pad_id=state.pad_token_id, eos_id=state.eos_token_id,
+                    full_length=True)
         del prompts
         stats.generation_s = time.perf_counter() - tg
         stats.generated_tokens = r.generated_tokens
