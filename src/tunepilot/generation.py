@@ -16,10 +16,11 @@ GRPOTrainer computes them (trl/trainer/grpo_trainer.py).
                  against the generation-time log-probs (detached: one iteration per batch);
                  dapo (TRL 1.16's default) sums over the step's completion tokens, grpo averages
                  per sequence, bnpo per micro-batch
-One tunepilot step = one generation batch (micro_batch_size x gradient_accumulation_steps
-completions) and one optimizer update over it; with num_iterations > 1 the batch is reused for
-that many updates (its old log-probs computed once, without gradient). Importing this imports
-torch.
+One tunepilot step = one optimizer update over gradient_accumulation_steps micro-batches of a
+generation batch (micro_batch_size x steps_per_generation completions, generated when the last
+one is used up): with steps_per_generation = gradient_accumulation_steps (TRL's default) every
+step generates; num_iterations > 1 reuses each batch that many times (its old log-probs
+computed once, without gradient). Importing this imports torch.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Rollout:
     generated_tokens: int = 0
     generation_s: float = 0.0
     uses: int = 0
+    """micro-batches trained on it so far (steps_per_generation x num_iterations in all)"""
 
     def micro_batches(self, rows: int) -> list[dict]:
         out = []
@@ -209,7 +211,8 @@ def generative_step(state, next_batch: Callable[[], dict], spec: RunSpec, *,
                       padded_tokens=0)
     t0 = time.perf_counter()
     r = state.rollout
-    if r is None or r.uses >= spec.objective.num_iterations:
+    per_batch = -(-r.input_ids.shape[0] // spec.micro_batch_size) if r is not None else 0
+    if r is None or r.uses + accum > per_batch * spec.objective.num_iterations:
         tw = time.perf_counter()
         prompts = {k: v.to(dev) for k, v in next_batch().items()}
         stats.data_wait_s += time.perf_counter() - tw
@@ -226,8 +229,9 @@ def generative_step(state, next_batch: Callable[[], dict], spec: RunSpec, *,
         state.rollout = r
         if phase is not None:
             phase("step")
-    r.uses += 1
-    batches = r.micro_batches(spec.micro_batch_size)[:accum]
+    micro = r.micro_batches(spec.micro_batch_size)  # steps_per_generation of them, reused
+    batches = [micro[(r.uses + i) % len(micro)] for i in range(accum)]  # num_iterations times
+    r.uses += accum
     model.train()
     for b in batches:
         stats.useful_tokens += int((b["labels"][:, 1:] != IGNORE_INDEX).sum())

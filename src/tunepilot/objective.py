@@ -103,8 +103,9 @@ class ObjectiveSpec(_Strict):
     num_iterations: int = Field(default=1, gt=0, le=1024)
     """GRPO: policy updates per generation batch"""
     steps_per_generation: int | None = Field(default=None, gt=0, le=1 << 16)
-    """GRPO: optimizer steps' worth of completions generated at once (default: TRL's,
-    gradient_accumulation_steps - one generation batch per optimizer step)"""
+    """GRPO: micro-batches' worth of completions generated at once, as TRL counts it
+    (default: gradient_accumulation_steps - one generation batch per optimizer step); a
+    multiple of gradient_accumulation_steps"""
     reward_model: RewardModel = "none"
     """a reward model scored in the step: adapter (a LoRA reward adapter on the same base, no
     extra weights: LLaMA-Factory's reward_model_type lora) or copy (a second model on the card)"""

@@ -138,7 +138,8 @@ def decode_seconds_per_position(arch: Arch, spec, hbm_bytes_per_s: float) -> flo
     reads every weight and the generation batch's KV cache at its mean length (prompt + half
     the completion) from memory - bound by the card's HBM bandwidth (catalog), not its FLOPs
     (the bandwidth-bound floor: transformers' generate runs slower, which a pilot measures).
-    A vLLM server's cards share it (tensor parallel); 0 for objectives that do not generate."""
+    A vLLM server decodes every rank's completions at once on its own cards (tensor parallel);
+    each rank waits for it. 0 for objectives that do not generate."""
     from tunepilot.objective import generation_batch, lengths
 
     o = spec.objective
@@ -147,11 +148,14 @@ def decode_seconds_per_position(arch: Arch, spec, hbm_bytes_per_s: float) -> flo
     ln, g = lengths(spec), generation_batch(spec)
     cb = 4 if spec.precision == "fp32" else 2  # weights and KV cache in the compute dtype
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * cb
-    per_step = cb * param_counts(arch).total + g * kv_per_token * (ln.prompt + ln.completion / 2)
+    server = o.generation.backend == "vllm-server"
+    batch = g * spec.parallel.world_size if server else g  # a server decodes every rank's
+    per_step = cb * param_counts(arch).total + batch * kv_per_token * (ln.prompt
+                                                                      + ln.completion / 2)
     seconds = ln.completion * per_step / hbm_bytes_per_s
-    if o.generation.backend == "vllm-server":
+    if server:
         seconds /= o.generation.server_devices
-    return seconds / (g * ln.sequence) / o.num_iterations
+    return seconds / (g * ln.sequence) / o.num_iterations  # each rank waits for the decode
 
 
 def active_lora_params(arch: Arch, spec) -> int:
