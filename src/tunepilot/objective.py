@@ -297,16 +297,26 @@ def useful_unit(spec: Any) -> UsefulUnit:
                       f"({n} x {ln.completion:,} tokens at full length)")
 
 
+def generation_cards(spec: Any) -> int:
+    """Cards a vLLM server takes beside the training cards (rented and billed with them)."""
+    o = spec.objective
+    return o.generation.server_devices if o.generative and \
+        o.generation.backend == "vllm-server" else 0
+
+
 def unit_notes(spec: Any, target_tokens: float | None) -> list[str]:
     """What a quote's useful token is, and the target in the objective's own unit."""
     unit = useful_unit(spec)
+    server = generation_cards(spec)
+    out = [f"generation on a vLLM server: {server} more card(s) of this kind rented beside the "
+           "training cards, in the term's cost"] if server else []
     if unit.name == "tokens":
-        return []
+        return out
     many = (f" (the target of {target_tokens:,.0f} useful tokens is about "
             f"{unit.units(target_tokens):,.0f} {unit.name} at full length)"
             if target_tokens else "")
-    return [f"objective {spec.objective.kind}: a useful token is a token the loss trains; the "
-            f"unit is {unit.how}{many}"]
+    return out + [f"objective {spec.objective.kind}: a useful token is a token the loss "
+                  f"trains; the unit is {unit.how}{many}"]
 
 
 def useful_fraction_at_full_length(spec: Any) -> float:
