@@ -5,6 +5,8 @@ same) against the plan's allocated peak; reserved against reserved; device-level
 the device peak. Units follow the row's mem_kind bracket ([GB] = 1e9 B, [GiB] = 2^30 B).
 
 Run:  .venv/bin/python benchmarks/plan_accuracy.py [--trace] [--json] [--kernels-only]
+The DPO / GRPO rows (published_objectives, with their sources) are in objectives_reference.py
+and printed after the SFT and the kernels' rows.
   --trace adds the traced plan's column (slower: one real traced step per row).
   The kernels' and adapter variants' published rows (Liger, PEFT's DoRA/rsLoRA, Unsloth's context
   table: benchmarks/kernel_rows.py) follow as their own table; --kernels-only prints just it.
@@ -184,8 +186,12 @@ def main() -> int:
         summary["traced_median_abs_error_all"] = statistics.median(ta) if ta else None
         summary["traced_within_10pct"] = sum(x <= 0.10 for x in ta)
         summary["traced_fallbacks"] = sum(r.get("traced_error") is None for r in out)
+    from objectives_reference import fit_rows, memory_rows, print_memory
+
+    objectives = memory_rows()
     if args.json:
-        print(json.dumps({"rows": out, "summary": summary, "kernel_rows": kernel_rows}, indent=2))
+        print(json.dumps({"rows": out, "summary": summary, "kernel_rows": kernel_rows,
+                          "objectives": objectives, "objectives_fit": fit_rows()}, indent=2))
         return 0
     hdr = f"{'id':>3} {'model':<24} {'method':<12} {'seq':>5} {'mb':>2} {'compare':<21} " \
           f"{'measured':>10} {'analytic':>10} {'err':>7}"
@@ -215,6 +221,7 @@ def main() -> int:
               f"{summary['traced_within_10pct']} of {len(out)} within +-10%; "
               f"{summary['traced_fallbacks']} fallbacks")
     print_kernel_rows(kernel_rows)
+    print_memory(objectives)  # DPO / GRPO rows: benchmarks/objectives_reference.py
     return 0
 
 

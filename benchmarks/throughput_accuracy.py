@@ -21,7 +21,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = next(p for p in (HERE.parent / "shared" / "reference",
-                             HERE.parent.parent / "shared" / "reference") if p.exists())
+                             HERE.parent.parent / "shared" / "reference",
+                             HERE.parents[2] / "shared" / "reference") if p.exists())
 AC = {"none": "none", "full": "full", "selective": "selective", "selective-op": "selective-op",
       "selective-layer": "selective"}  # the spec's closest setting (the model keeps the row's)
 
@@ -69,8 +70,11 @@ def main() -> None:
     with open(REFERENCE / "published_throughput.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     out = [project(r) for r in rows]
+    from objectives_reference import print_steps, step_rows
+
+    steps = step_rows()  # GRPO step times: benchmarks/objectives_reference.py
     if a.json:
-        print(json.dumps(out, indent=1))
+        print(json.dumps({"rows": out, "objectives": steps}, indent=1))
         return
     print(f"{'id':4} {'implementation':12} {'model':14} {'card':14} {'n':>3} {'ac':15} "
           f"{'cmp':5} {'published':>10} {'projected':>10} {'error':>7}  basis")
@@ -84,6 +88,7 @@ def main() -> None:
     print(f"median |error|: {statistics.median(errs):.1%} over {len(errs)} rows; "
           f"{statistics.median(oos):.1%} over the {len(oos)} rows the model was not built from "
           "(target <= 15% on rows not seen); tokens/s per GPU, projected vs published")
+    print_steps(steps)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,11 @@
     chat.jsonl            400 chat samples ({"messages": [...]}: system/user/assistant, some
                           multi-turn, long-tailed lengths) for `data.source: tiny-chat`
     chat-tokenizer/       a 512-token BPE with <|im_start|>/<|im_end|> and a ChatML template
+    preference.jsonl      300 conversational preference rows ({"prompt": [user turn], "chosen":
+                          [assistant turn], "rejected": [assistant turn]}, TRL's format) for
+                          `data.source: tiny-preference` (the chat tokenizer)
+    prompts.jsonl         200 prompt-only rows ({"prompt": [system?, user turn]}) for GRPO,
+                          `data.source: tiny-prompts` (the chat tokenizer)
 
 Run once by a developer; the outputs are committed so nothing is generated or downloaded at run
 time. Deterministic: the same seed gives the same files.
@@ -85,6 +90,36 @@ def chat_files() -> None:
     print(f"wrote {len(rows)} chat samples and a {tok.get_vocab_size()}-token chat tokenizer")
 
 
+def preference_files() -> None:
+    """Preference pairs and prompt-only rows (the objectives' tiny data); they reuse the chat
+    tokenizer, so the chat files above stay as they are."""
+    rng = random.Random(20261204)
+
+    def question() -> str:
+        q = rng.choice(QUESTIONS).format(s=rng.choice(SUBJECTS), v=rng.choice(VERBS),
+                                         o=rng.choice(OBJECTS), t=rng.choice(TAILS))
+        return q[0].upper() + q[1:]
+
+    def answer(n: int) -> str:
+        return " ".join(sentence(rng) for _ in range(n))
+
+    with open(OUT / "preference.jsonl", "w") as f:
+        for _ in range(300):
+            n = rng.choice([1, 2, 3, 4, 6, 8]) if rng.random() < 0.93 else rng.randint(12, 20)
+            row = {"prompt": [{"role": "user", "content": question()}],
+                   "chosen": [{"role": "assistant", "content": answer(n)}],
+                   "rejected": [{"role": "assistant", "content": answer(rng.randint(1, n))}]}
+            f.write(json.dumps(row) + "\n")
+    with open(OUT / "prompts.jsonl", "w") as f:
+        for _ in range(200):
+            msgs = [{"role": "system", "content": rng.choice(SYSTEMS)}] \
+                if rng.random() < 0.3 else []
+            msgs.append({"role": "user", "content": " ".join(question() for _ in range(
+                rng.choice([1, 1, 2, 3])))})
+            f.write(json.dumps({"prompt": msgs}) + "\n")
+    print("wrote 300 preference rows and 200 prompts")
+
+
 def main() -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -111,6 +146,7 @@ def main() -> None:
         "bos_token": "<s>", "eos_token": "</s>", "model_max_length": 512}, indent=2) + "\n")
     print(f"wrote {len(rows)} samples and a {tok.get_vocab_size()}-token tokenizer to {OUT}")
     chat_files()
+    preference_files()
 
 
 if __name__ == "__main__":

@@ -431,3 +431,33 @@ def test_verify_a_tunepilot_checkpoint_checks_shapes_steps_and_unlisted_files(tm
         comp, rel, words = want[name]
         assert any(p["component"] == comp and p["file"] == rel and words in p["problem"]
                    for p in problems), (name, problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["dpo", "grpo"])
+def test_the_hf_callback_measures_trls_dpo_and_grpo_trainers(tmp_path, trainer):
+    """TRL's own DPOTrainer / GRPOTrainer on the tiny model (examples/own-loop/trl_train.py):
+    the callback counts only the trained forwards (not the reference's or generation's), times
+    GRPO's generate as its own phase, and derives the objective into spec.yaml."""
+    pytest.importorskip("trl")
+    out = tmp_path / trainer
+    r = subprocess.run([sys.executable, str(OWN / "trl_train.py"), "--trainer", trainer,
+                        "--out", str(out), "--steps", "4"], capture_output=True, text=True,
+                       timeout=600, cwd=OWN)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "pilot.json").read_text())
+    from tunepilot.spec import load_spec
+
+    spec = load_spec(out / "spec.yaml")
+    assert spec.objective.kind == trainer and doc["run"]["objective"] == trainer
+    tp = doc["throughput"]
+    assert 0 < tp["useful_tokens"]["value"] < tp["padded_tokens"]["value"]
+    per_step = doc["per_step"]["padded_tokens"]["value"]
+    if trainer == "dpo":  # chosen + rejected of 4 pairs x 2 micro-batches, the reference not
+        assert doc["generation"] is None
+        assert all(p % 8 == 0 for p in per_step)
+    else:
+        g = doc["generation"]
+        assert g["seconds_per_step"]["basis"] == "measured"
+        assert g["seconds_per_step"]["value"] > 0 and 0 < g["fraction_of_step_time"]["value"] < 1
+        assert spec.objective.generations == 4 and spec.objective.max_completion_length == 32

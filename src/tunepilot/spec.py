@@ -116,8 +116,10 @@ class ParallelSpec(_Strict):
         return self.devices * self.nodes
 
 
-DataSource = Literal["synthetic", "tiny-text", "tiny-chat", "jsonl", "parquet", "arrow", "hf-disk"]
-DataFormat = Literal["text", "prompt-completion", "messages"]
+DataSource = Literal["synthetic", "tiny-text", "tiny-chat", "tiny-preference", "tiny-prompts",
+                     "jsonl", "parquet", "arrow", "hf-disk"]
+DataFormat = Literal["text", "prompt-completion", "messages", "preference", "prompt"]
+TINY_FORMATS = {"tiny-chat": "messages", "tiny-preference": "preference", "tiny-prompts": "prompt"}
 FILE_SOURCES = ("jsonl", "parquet", "arrow", "hf-disk")
 NAMED_CHAT_TEMPLATES = ("chatml", "llama-3")
 
@@ -128,17 +130,22 @@ class DataSpec(_Strict):
 
     format: text (every token trained), prompt-completion or messages (chat turns rendered with
     a chat template; under ``train_on: completions`` only the completion / assistant turns are
-    trained, the rest get label -100). packing: several samples per row of sequence_length
-    tokens, position ids restarting per sample so attention stays within each sample."""
+    trained, the rest get label -100), preference (prompt + chosen + rejected, each a string or
+    a list of messages: the DPO family) or prompt (prompt-only rows: generation). packing:
+    several samples per row of sequence_length tokens, position ids restarting per sample so
+    attention stays within each sample."""
 
     source: DataSource = "synthetic"
     path: str | None = None
     format: DataFormat | None = None
-    """default: messages for tiny-chat, else text"""
+    """default: messages for tiny-chat, preference for tiny-preference, prompt for tiny-prompts,
+    else text"""
     text_field: str = "text"
     prompt_field: str = "prompt"
     completion_field: str = "completion"
     messages_field: str = "messages"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
     tokenizer: str | None = None
     chat_template: str | None = None
     """the tokenizer's own when it has one, else 'chatml' (said in the output); or 'chatml',
@@ -167,6 +174,9 @@ class DataSpec(_Strict):
                 "train_on 'completions' needs a prompt-completion or messages format: plain "
                 "text has no completion to train on; set format, or train_on: all"
             )
+        if self.source in TINY_FORMATS and self.format not in (None, TINY_FORMATS[self.source]):
+            raise ValueError(f"source {self.source!r} holds {TINY_FORMATS[self.source]} rows; "
+                             f"remove format {self.format!r}")
         if self.source in ("synthetic", "tiny-text") and self.format not in (None, "text"):
             raise ValueError(f"source {self.source!r} is plain text; format {self.format!r} "
                              "needs a dataset file (jsonl, parquet, arrow, hf-disk)")
@@ -179,7 +189,7 @@ class DataSpec(_Strict):
     def data_format(self) -> str:
         if self.format is not None:
             return self.format
-        return "messages" if self.source == "tiny-chat" else "text"
+        return TINY_FORMATS.get(self.source, "text")
 
     @property
     def supervise(self) -> str:
@@ -308,6 +318,9 @@ class RunSpec(_Strict):
                 "target.epochs needs a dataset (data.source) or target.dataset_tokens (useful "
                 "tokens in one epoch): synthetic data has no epochs"
             )
+        from tunepilot.objective import check as check_objective
+
+        check_objective(self)
         if self.optimizer_in_backward and self.gradient_accumulation_steps > 1:
             raise ValueError(
                 "optimizer_in_backward steps each parameter as soon as its gradient exists, so "
@@ -368,7 +381,9 @@ class RunSpec(_Strict):
 
     @property
     def tokens_per_micro_batch(self) -> int:
-        return self.micro_batch_size * self.sequence_length
+        """Token positions through the policy per micro-batch: a pair is two sequences (chosen
+        and rejected), a generative micro-batch counts completions of prompt + completion."""
+        return self.micro_batch_size * self.sequence_length * self.objective.sequences_per_sample
 
     @property
     def validation_micro_batch_size(self) -> int:

@@ -111,13 +111,18 @@ def make_scaler(spec: RunSpec, device_type: str):
 
 
 def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
-                 num_items: torch.Tensor | float | None = None) -> torch.Tensor:
+                 num_items: torch.Tensor | float | None = None,
+                 reference: torch.nn.Module | None = None) -> torch.Tensor:
     """Next-token cross-entropy (fp32 upcast, as HF does), summed over the batch's useful tokens
     and divided by `num_items` (default: this batch's useful tokens, i.e. the batch mean).
 
     chunked_loss: lm_head + cross-entropy per CHUNKED_LOSS_TOKENS tokens, each chunk
     checkpointed, so the (tokens, vocab) logits never exist all at once.
+    Other objectives: the DPO family's loss (preference.py; ``reference``: the frozen copy of a
+    full run) and GRPO/RLOO's (generation.py), over a rollout's micro-batch.
     """
+    if spec.objective.kind != "sft" and spec.model.task == "causal-lm":
+        return objective_loss(model, batch, spec, num_items, reference)
     extra = {k: batch[k] for k in ("position_ids",) if k in batch}  # packed rows
     if spec.model.task == "sequence-classification":  # labels: one class per sequence
         return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
@@ -147,6 +152,42 @@ def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
         sl = slice(start, start + CHUNKED_LOSS_TOKENS)
         total = total + checkpoint(chunk_loss, h[sl], y[sl], use_reentrant=False)
     return total / n
+
+
+OWN_STEP_OBJECTIVES = ("sft", "dpo", "ipo", "orpo", "simpo", "cpo", "grpo", "rloo")
+"""the objectives tunepilot's own step runs (the plan models every kind)"""
+
+
+def objective_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec, num_items,
+                   reference: torch.nn.Module | None) -> torch.Tensor:
+    o = spec.objective
+    if o.paired:
+        from tunepilot.preference import preference_loss
+
+        return preference_loss(model, batch, spec, num_items, reference)
+    if o.kind in ("grpo", "rloo"):
+        from tunepilot.generation import grpo_loss
+
+        return grpo_loss(model, batch, spec, num_items, reference)
+    raise UserError("objective.kind", f"{o.kind}: tunepilot's own training step runs "
+                    f"{', '.join(OWN_STEP_OBJECTIVES)}.", "Plan it (`tunepilot plan` models "
+                    f"{o.kind}), and measure your own run with TunepilotCallback in its trainer.")
+
+
+def normalizer(batches: list[Batch], dev: torch.device, spec: RunSpec) -> tuple[torch.Tensor, int]:
+    """What the step's loss is a mean over (all ranks), and the world size: pairs for the DPO
+    family (TRL averages the pair losses), useful tokens otherwise (step_token_count)."""
+    if not spec.objective.paired:
+        return step_token_count(batches, dev)
+    import torch.distributed as dist
+
+    n = torch.tensor(float(sum(b["input_ids"].shape[0] // 2 for b in batches)), device=dev)
+    world = 1
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+        if world > 1:
+            dist.all_reduce(n)
+    return n.clamp(min=1.0), world
 
 
 def step_token_count(batches: list[Batch], dev: torch.device) -> tuple[torch.Tensor, int]:
@@ -185,6 +226,9 @@ class StepStats:
     optimizer_s: float = 0.0
     grad_norm: float | None = None
     fingerprints: list[str] = field(default_factory=list)
+    generation_s: float = 0.0
+    """GRPO/RLOO: generating the step's completions (0: none generated this step)"""
+    generated_tokens: int = 0
 
 
 @dataclass
@@ -199,6 +243,12 @@ class TrainState:
     useful_tokens_seen: int = 0
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None
     """DDP: skips the gradient all-reduce on all but the last micro-batch"""
+    reference: torch.nn.Module | None = None
+    """the DPO family / GRPO reference of a full run: a frozen copy (LoRA: adapters off)"""
+    pad_token_id: int = 0
+    eos_token_id: int | None = None
+    rollout: object = None
+    """GRPO: the generation batch in use (reused num_iterations times)"""
 
 
 def make_state(spec: RunSpec, model: torch.nn.Module, total_steps: int, *,
@@ -229,7 +279,8 @@ def build_run(spec: RunSpec, device: str | torch.device, *, total_steps: int,
               base_dir: Path | None = None, config: dict | None = None, data: bool = True,
               rank: int = 0, world_size: int = 1, micro_batch_size: int | None = None,
               prepare: Prepare | None = None, optimizer: OptimizerFactory | None = None,
-              dataset: tuple[object, DataInfo] | None = None) -> Run:
+              dataset: tuple[object, DataInfo] | None = None,
+              prepare_reference: Prepare | None = None) -> Run:
     """The spec's model on ``device`` (seeded), its dataset and loader (this rank's shard of
     ``world_size``), optimizer, scheduler and scaler. ``prepare`` wraps the model before the
     optimizer sees its parameters (DDP / FSDP, or the trace's fake tensors) and may return a
@@ -240,7 +291,11 @@ def build_run(spec: RunSpec, device: str | torch.device, *, total_steps: int,
     model = build_model(spec, device, base_dir=base_dir, config=config)
     info = stream = None
     if data:
+        from tunepilot.objective import prompts_per_generation
+
         ds, info = dataset or build_dataset(spec, model.config.vocab_size, base_dir)
+        if spec.objective.generative and micro_batch_size is None:  # a batch of prompts
+            micro_batch_size = prompts_per_generation(spec)
         stream = DataStream(make_loader(spec, ds, info, micro_batch_size=micro_batch_size,
                                         rank=rank, world_size=world_size))
         dataset = ds
@@ -248,19 +303,43 @@ def build_run(spec: RunSpec, device: str | torch.device, *, total_steps: int,
     if prepare is not None:
         model, no_sync = prepare(model)
     state = make_state(spec, model, total_steps, optimizer=optimizer, no_sync=no_sync)
+    state.reference = build_reference(spec, device, base_dir, config, prepare_reference)
+    if info is not None:
+        state.pad_token_id, state.eos_token_id = info.pad_token_id, info.eos_token_id
     return Run(spec, state, stream, dataset, info)
 
 
-def _sync(device_type: str) -> None:
+def build_reference(spec: RunSpec, device, base_dir: Path | None, config: dict | None,
+                    prepare: Prepare | None = None) -> torch.nn.Module | None:
+    """The reference as a frozen copy (objective.reference copy; auto for a full run): the
+    same model without adapters, in the compute dtype (as TRL and axolotl load it: bf16 unless
+    the run is fp32), in eval mode, no gradients. ``prepare``: the trace's fake tensors."""
+    if spec.objective.reference_kind(spec.method.kind) != "copy":
+        return None
+    ref_spec = spec.with_changes(
+        method={"kind": "full"}, optimizer={"name": "adamw"}, activation_checkpointing="none",
+        precision="fp32" if spec.precision == "fp32" else "bf16-true")
+    ref = build_model(ref_spec, device, base_dir=base_dir, config=config)
+    if prepare is not None:
+        ref, _ = prepare(ref)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref.eval()
+
+
+def sync(device_type: str) -> None:
     if device_type == "cuda":
         torch.cuda.synchronize()
+
+
+_sync = sync
 
 
 def forward_loss(state: TrainState, batch: Batch, spec: RunSpec, num_items) -> torch.Tensor:
     """Forward and loss of one micro-batch under the spec's autocast."""
     dt = next(state.model.parameters()).device.type
     with autocast_context(spec, dt):
-        return compute_loss(state.model, batch, spec, num_items)
+        return compute_loss(state.model, batch, spec, num_items, state.reference)
 
 
 def backward(state: TrainState, loss: torch.Tensor) -> None:
@@ -288,12 +367,20 @@ def update(state: TrainState) -> torch.Tensor:
 
 def train_step(state: TrainState, next_batch: Callable[[], Batch], spec: RunSpec, *,
                accumulation: int | None = None, split_timing: bool = False,
-               fingerprint: Callable[[dict], str] | None = None) -> StepStats:
+               fingerprint: Callable[[dict], str] | None = None,
+               phase: Callable[[str], None] | None = None) -> StepStats:
     """One optimizer step over `accumulation` micro-batches (default: the spec's).
 
     `next_batch` is timed as data wait. `split_timing` synchronises the device between forward,
     backward and the optimizer step to split the time (cheap on CPU, a small cost on GPU).
+    GRPO/RLOO: `next_batch` gives the step's prompts; generation runs first (generation.py;
+    `phase` marks it for a memory tracker).
     """
+    if spec.objective.generative:
+        from tunepilot.generation import generative_step
+
+        return generative_step(state, next_batch, spec, accumulation=accumulation,
+                               split_timing=split_timing, fingerprint=fingerprint, phase=phase)
     model, opt = state.model, state.optimizer
     dev = next(model.parameters()).device
     accum = accumulation or spec.gradient_accumulation_steps
@@ -302,9 +389,9 @@ def train_step(state: TrainState, next_batch: Callable[[], Batch], spec: RunSpec
                       padded_tokens=0)
     t0 = time.perf_counter()
     batches = _fetch(next_batch, accum, stats, fingerprint)
-    n_step, world = step_token_count(batches, dev)
-    losses = [_timed_micro_step(state, batch, spec, n_step / world, stats, split_timing,
-                                last=(i == accum - 1))
+    n_step, world = normalizer(batches, dev, spec)
+    losses = [micro_step(state, batch, spec, n_step / world, stats, split_timing,
+                         last=(i == accum - 1))
               for i, batch in enumerate(batches)]
     to = time.perf_counter()
     norm = update(state)
@@ -336,8 +423,9 @@ def _fetch(next_batch: Callable[[], Batch], accum: int, stats: StepStats,
     return batches
 
 
-def _timed_micro_step(state: TrainState, batch: Batch, spec: RunSpec, num_items,
-                      stats: StepStats, split_timing: bool, last: bool) -> torch.Tensor:
+def micro_step(state: TrainState, batch: Batch, spec: RunSpec, num_items, stats: StepStats,
+               split_timing: bool, last: bool) -> torch.Tensor:
+    """Forward + loss and backward of one micro-batch, timed into ``stats``."""
     dev = next(state.model.parameters()).device
     batch = {k: v.to(dev, non_blocking=True) for k, v in batch.items()}
     sync_ctx = state.no_sync() if (state.no_sync is not None and not last) else \
@@ -356,9 +444,10 @@ def _timed_micro_step(state: TrainState, batch: Batch, spec: RunSpec, num_items,
     return loss.detach()
 
 
-def evaluate(model: torch.nn.Module, batches: Iterator[Batch], spec: RunSpec
-             ) -> tuple[float, int]:
-    """Mean validation loss over the batches (no gradients) and the useful tokens seen."""
+def evaluate(model: torch.nn.Module, batches: Iterator[Batch], spec: RunSpec,
+             reference: torch.nn.Module | None = None) -> tuple[float, int]:
+    """Mean validation loss over the batches (no gradients) and the useful tokens seen (the
+    DPO family: its loss on held-out pairs; GRPO/RLOO validate nothing here)."""
     dev = next(model.parameters()).device
     model.eval()
     total, n = 0.0, 0
@@ -366,7 +455,7 @@ def evaluate(model: torch.nn.Module, batches: Iterator[Batch], spec: RunSpec
         for batch in batches:
             batch = {k: v.to(dev) for k, v in batch.items()}
             with autocast_context(spec, dev.type):
-                loss = compute_loss(model, batch, spec)
+                loss = compute_loss(model, batch, spec, reference=reference)
             k = useful_tokens(batch)
             total += float(loss.float()) * k
             n += k

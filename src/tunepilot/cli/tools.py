@@ -22,8 +22,8 @@ class Trainer(str, Enum):
 @app.command("import")
 def import_(
     config: Annotated[Path, typer.Argument(help="The trainer's config: axolotl or LLaMA-Factory "
-                                           "YAML, `trl sft --config` YAML, or TrainingArguments "
-                                           "fields (JSON/YAML).")],
+                                           "YAML, `trl sft|dpo|grpo|... --config` YAML, or "
+                                           "TrainingArguments fields (JSON/YAML).")],
     source: Annotated[Trainer | None, typer.Option(
         "--from", help="Which trainer wrote it (detected when omitted).")] = None,
     out: Annotated[Path | None, typer.Option(
@@ -37,6 +37,9 @@ def import_(
     devices: Annotated[int | None, typer.Option(
         "--devices", min=1, max=4096, help="GPUs per node of a DDP/FSDP/DeepSpeed run "
         "(default 8).")] = None,
+    objective: Annotated[str | None, typer.Option(
+        "--objective", help="The trainer a TRL config is for (sft, dpo, kto, reward, grpo, "
+        "rloo, ...: the file does not say; guessed from its keys when omitted).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Read a trainer's config as a tunepilot spec: every key it maps is listed with the spec
@@ -51,8 +54,16 @@ def import_(
     if data not in (None, "synthetic"):
         raise UserError("--data", f"{data!r} is not 'synthetic'.",
                         "Omit --data to read the config's own (local) dataset.")
+    from typing import get_args
+
+    from tunepilot.objective import ObjectiveKind
+
+    if objective is not None and objective not in get_args(ObjectiveKind):
+        raise UserError("--objective", f"{objective!r} is not one of "
+                        f"{', '.join(get_args(ObjectiveKind))}.")
     result = import_config(config, source.value if source else None, ImportOptions(
-        tokenizer=tokenizer, synthetic_data=data == "synthetic", devices=devices))
+        tokenizer=tokenizer, synthetic_data=data == "synthetic", devices=devices,
+        objective=objective))
     if out is not None:
         write_spec(result, out)
     if as_json:

@@ -31,6 +31,7 @@ from tunepilot.cost.terms import check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
 from tunepilot.errors import UserError
 from tunepilot.model.flops import DTYPE_BYTES, FlopsPerToken, checkpoint_bytes, flops_per_token
+from tunepilot.objective import generation_cards, unit_notes
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
 from tunepilot.results.plan import CardFit, ParamSplit
 from tunepilot.results.quote import (
@@ -338,12 +339,13 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
         raise UserError("card", _does_not_fit(ctx, card, count) + ".",
                         "Pick a card and count from `tunepilot compare SPEC`.")
     throughput, terms, job, steps, tps, target = _job(ctx, card, count, strategy)
-    term, shortest, n_steps, cheapest = _terms(card, count, job, term_s, options)
+    billed = count + generation_cards(ctx.spec)  # a vLLM server's cards are rented too
+    term, shortest, n_steps, cheapest = _terms(card, billed, job, term_s, options)
     fixed = sum(t.total.value for t in terms
                 if t.name in ("provisioning", "set-up", "model load", "export"))
     share = min(1.0, max(0.0, (term.term_s - fixed) / max(job.value - fixed, 1e-9)))
     disc = Decimal(term.discount_percent) / 100
-    job_cost = (count * Decimal(repr(job.value)) / 3600 * card.pricing.on_demand_usd_per_hour
+    job_cost = (billed * Decimal(repr(job.value)) / 3600 * card.pricing.on_demand_usd_per_hour
                 * (1 - disc))
     notes = []
     if count > card.inventory.count:
@@ -352,7 +354,7 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
     if term.term_s < job.value:
         notes.append(f"the term is {(job.value - term.term_s) / 3600:,.1f} h short: it delivers "
                      f"{share:.0%} of the target")
-    notes += _spot_note(card, count, term.term_s)
+    notes += _spot_note(card, count, term.term_s) + unit_notes(ctx.spec, target)
     split = ctx.spec.batch_on(count, exact=False)
     if split.note:
         notes.append(split.note)

@@ -16,7 +16,13 @@ from __future__ import annotations
 from tunepilot.catalog import Card
 from tunepilot.cost.assumptions import assumed, efficiency_assumed
 from tunepilot.cost.measurements import measured_value
-from tunepilot.model.flops import MFU_RULE, flops_per_token, peak_precision, positions_per_s_at
+from tunepilot.model.flops import (
+    MFU_RULE,
+    decode_seconds_per_position,
+    flops_per_token,
+    peak_precision,
+    positions_per_s_at,
+)
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
 from tunepilot.units import fmt_number
 
@@ -33,7 +39,11 @@ def useful_fraction(ctx) -> Figure:
     if ctx.profile is not None:
         return ctx.profile.useful_fraction_figure(ctx.spec)
     if ctx.spec.data.source == "synthetic":
-        return Figure.projected(1.0, "fraction", "synthetic data has no padding")
+        from tunepilot.objective import useful_fraction_at_full_length
+
+        return Figure.projected(useful_fraction_at_full_length(ctx.spec), "fraction",
+                                "synthetic data has no padding (the objective's prompt is not "
+                                "trained)")
     return Figure.projected(1.0, "fraction", "assumed no padding: the pilot measures it")
 
 
@@ -100,11 +110,16 @@ def per_card(ctx, card: Card, useful: Figure) -> Figure:
     seq = processed_length(ctx)
     positions = positions_per_s_at(ctx.arch, ctx.spec, mfu.value, seq.value, peak)
     fpt = flops_per_token(ctx.arch, ctx.spec, seq.value)
+    decode = decode_seconds_per_position(ctx.arch, ctx.spec, card.hbm_bandwidth_bytes_per_s)
+    if decode:  # generation's decode, bound by HBM bandwidth: its seconds add to the FLOPs'
+        positions = 1 / (1 / positions + decode)
     return Figure.projected(
         positions * useful.value, "tokens/s",
         f"MFU {mfu.value:.3g} ({mfu.how}) x dense {key} peak {fmt_number(peak / 1e12)} TFLOP/s "
         f"/ {fpt.formula}" + (f" x useful fraction {useful.value:.3g}"
-                              if useful.value < 1 else "") + f" ({MFU_RULE})",
+                              if useful.value < 1 else "") + f" ({MFU_RULE})"
+        + (f"; + the decode at {card.hbm_bandwidth_tbps:g} TB/s HBM, {decode * 1e6:.3g} us "
+           "per position (model/flops.decode_seconds_per_position)" if decode else ""),
         mfu=mfu.to_dict(), processed_length=seq.to_dict())
 
 

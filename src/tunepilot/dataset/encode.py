@@ -100,6 +100,8 @@ def encode(files: DataFiles, data: DataSpec, tok, *, base_dir: Path | None = Non
 
 
 def _plain(data: DataSpec) -> bool:
+    """Plain prompt-completion rows need no template; preference and prompt rows may hold
+    messages, so theirs is resolved (and used only for rows that do)."""
     return data.data_format == "prompt-completion" and data.chat_template is None
 
 
@@ -115,7 +117,7 @@ def _tokenize(rows, fmt: Formatter, tok, files: DataFiles, data: DataSpec,
         texts, spans = [], []
         for number, row in rows.rows[start:start + CHUNK_ROWS]:
             try:
-                text, sp = fmt(row)
+                parts = fmt.samples(row)
             except RowError as exc:
                 if not data.skip_bad_rows:
                     raise UserError(f"data.{_field_key(fmt, exc.field)}",
@@ -124,12 +126,13 @@ def _tokenize(rows, fmt: Formatter, tok, files: DataFiles, data: DataSpec,
                                     "(and count) rows that cannot be used.") from None
                 skipped += 1
                 continue
-            if not text:
+            if not all(text for text, _ in parts):
                 skipped += 1
                 continue
-            texts.append(text)
-            spans.append(sp)
-            numbers.append(number)
+            for text, sp in parts:  # a preference row: chosen, then rejected
+                texts.append(text)
+                spans.append(sp)
+                numbers.append(number)
         whole = all(len(sp) == 1 and sp[0] == (0, len(t))
                     for t, sp in zip(texts, spans, strict=True))
         encs = backend.encode_batch(texts, add_special_tokens=False)
@@ -140,8 +143,11 @@ def _tokenize(rows, fmt: Formatter, tok, files: DataFiles, data: DataSpec,
             trained.append(np.ones(len(a), bool) if whole else _mask(enc.offsets, sp, len(a)))
         if progress:
             progress(min(start + CHUNK_ROWS, total), total)
-    keep = [i for i, n in enumerate(lengths) if n]
-    skipped += len(lengths) - len(keep)
+    group = fmt.samples_per_row  # a row's samples are kept or dropped together
+    keep = [i for i in range(0, len(lengths), group)
+            if all(lengths[i + j] for j in range(group))]
+    skipped += (len(lengths) - len(keep) * group) // group
+    keep = [i + j for i in keep for j in range(group)]
     if not keep:
         raise UserError("data.path", f"every row of {files.name} tokenizes to nothing or could not be used.",
                         f"Check data.format ({data.data_format!r}) and the field names "
@@ -167,7 +173,8 @@ def _field_key(fmt: Formatter, field: str) -> str:
     """The spec key that names a row's field (data.messages_field for messages[2].role)."""
     base = field.split("[")[0].split(".")[0]
     d = fmt.data
-    for key in ("text_field", "prompt_field", "completion_field", "messages_field"):
+    for key in ("text_field", "prompt_field", "completion_field", "messages_field",
+                "chosen_field", "rejected_field"):
         if getattr(d, key) == base:
             return key
     return "path"

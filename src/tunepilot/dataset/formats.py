@@ -7,6 +7,14 @@
                        lists of messages (conversational prompt-completion)
     messages           {"messages": [{"role": ..., "content": ...}, ...]} (ShareGPT's
                        from/value and human/gpt are read too), rendered with the chat template
+    preference         {"prompt": ..., "chosen": ..., "rejected": ...} (TRL's preference rows;
+                       each a string or a list of messages; without a prompt, chosen and
+                       rejected are whole conversations whose shared first turns are the prompt;
+                       or a conversation (``messages_field``) with chosen/rejected replies, as
+                       LLaMA-Factory's ranking data): two samples per row, chosen then
+                       rejected, each prompt + reply, the reply trained
+    prompt             {"prompt": ...} (a string or a list of messages): generation's prompts,
+                       nothing trained (the completions are generated)
 Under ``train_on: completions`` only the completion / every assistant turn is trained; under
 ``all`` every token.
 """
@@ -39,13 +47,82 @@ class Formatter:
         self.completions = data.supervise == "completions"
         self.template = template
         self.eos_text = eos_text
-        self.plain = self.format == "prompt-completion" and data.chat_template is None
+        self.plain = self.format in ("prompt-completion", "preference", "prompt") and \
+            data.chat_template is None
 
     @property
     def columns(self) -> list[str]:
         d = self.data
         return {"text": [d.text_field], "prompt-completion": [d.prompt_field, d.completion_field],
-                "messages": [d.messages_field]}[self.format]
+                "messages": [d.messages_field], "prompt": [d.prompt_field, d.messages_field],
+                "preference": [d.prompt_field, d.chosen_field, d.rejected_field,
+                               d.messages_field]}[self.format]
+
+    @property
+    def samples_per_row(self) -> int:
+        return 2 if self.format == "preference" else 1
+
+    def samples(self, row: object) -> list[tuple[str, list[Span]]]:
+        """The samples of one row: (text, trained spans) - two for a preference row."""
+        if not isinstance(row, dict):
+            raise RowError("(row)", "is not a JSON object")
+        if self.format == "preference":
+            return self._pair(row)
+        if self.format == "prompt":
+            return [(self._prompt_text(row), [])]
+        return [self(row)]
+
+    def _pair(self, row: dict) -> list[tuple[str, list[Span]]]:
+        d = self.data
+        chosen, rejected = row.get(d.chosen_field), row.get(d.rejected_field)
+        for name, v in ((d.chosen_field, chosen), (d.rejected_field, rejected)):
+            if v is None:
+                raise RowError(name, "is missing (a preference row has prompt, chosen and "
+                               "rejected)")
+        prompt = row.get(d.prompt_field, row.get(d.messages_field))
+        if isinstance(prompt, str) and isinstance(chosen, str) and isinstance(rejected, str) \
+                and self.plain:
+            out = []
+            for reply in (chosen, rejected):
+                text = prompt + reply + self.eos_text  # TRL appends EOS to chosen/rejected
+                out.append((text, [(len(prompt), len(text))] if self.completions else
+                            [(0, len(text))]))
+            return out
+        c_msgs, r_msgs = _reply(chosen, d.chosen_field), _reply(rejected, d.rejected_field)
+        if prompt is None:  # implicit prompt: the turns chosen and rejected share
+            n = 0
+            while n < min(len(c_msgs), len(r_msgs)) - 1 and c_msgs[n] == r_msgs[n]:
+                n += 1
+            p_msgs, c_msgs, r_msgs = c_msgs[:n], c_msgs[n:], r_msgs[n:]
+        else:
+            p_msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
+                _messages(prompt, d.prompt_field)
+        return [self._reply_sample(p_msgs, msgs) for msgs in (c_msgs, r_msgs)]
+
+    def _reply_sample(self, prompt: list[dict], reply: list[dict]) -> tuple[str, list[Span]]:
+        if self.template is None:
+            raise RowError(self.data.chosen_field, "holds messages, which need a chat template")
+        text, spans = self._chat(prompt + reply)
+        if not self.completions:
+            return text, spans
+        start = len(self.template.render_prompt(prompt)) if prompt else 0
+        return text, [(max(a, start), b) for a, b in spans if b > start]
+
+    def _prompt_text(self, row: dict) -> str:
+        d = self.data
+        prompt = row.get(d.prompt_field, row.get(d.messages_field))
+        if isinstance(prompt, str) and self.plain:
+            if not prompt:
+                raise RowError(d.prompt_field, "is empty: there is nothing to generate from")
+            return prompt
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
+            _messages(prompt, d.prompt_field if d.prompt_field in row else d.messages_field)
+        if self.template is None:
+            raise RowError(d.prompt_field, "holds messages, which need a chat template")
+        try:
+            return self.template.render_prompt(msgs)
+        except TemplateError as exc:
+            raise RowError(d.prompt_field, str(exc)) from None
 
     def __call__(self, row: object) -> tuple[str, list[Span]]:
         if not isinstance(row, dict):
@@ -81,6 +158,16 @@ class Formatter:
         except TemplateError as exc:
             raise RowError(self.data.messages_field, str(exc)) from None
         return text, spans if self.completions else [(0, len(text))]
+
+
+def _reply(value: object, name: str) -> list[dict]:
+    """chosen / rejected as messages: a string is one assistant turn; a single message (as
+    LLaMA-Factory's {"from": "gpt", "value": ...}) one turn; a list a conversation."""
+    if isinstance(value, str):
+        return [{"role": "assistant", "content": value}]
+    if isinstance(value, dict):
+        return _messages([value], name)
+    return _messages(value, name)
 
 
 def _string(row: dict, name: str) -> str:

@@ -19,7 +19,14 @@ from tunepilot.spec import RunSpec
 
 
 def collate(samples: list, pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Pad to the longest item: labels are -100 on padding, so padding is never a useful token."""
+    """Pad to the longest item: labels are -100 on padding, so padding is never a useful token.
+    Pairs (4-tuples) become the chosen rows then the rejected rows (TRL's concatenated batch);
+    prompts (1-tuples) are left-padded, nothing trained (generation continues from the end)."""
+    width = len(samples[0])
+    if width == 4:
+        samples = [s[:2] for s in samples] + [s[2:] for s in samples]
+    elif width == 1:
+        return _left_padded([s[0] for s in samples], pad_token_id)
     longest = max(len(s[0]) for s in samples)
     B = len(samples)
     packed = len(samples[0]) == 3
@@ -37,6 +44,18 @@ def collate(samples: list, pad_token_id: int) -> dict[str, torch.Tensor]:
             extra[b, :n] = 1
     key = "position_ids" if packed else "attention_mask"
     return {"input_ids": input_ids, "labels": labels, key: extra}
+
+
+def _left_padded(prompts: list, pad_token_id: int) -> dict[str, torch.Tensor]:
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        n = len(p)
+        ids[b, longest - n:] = torch.as_tensor(np.asarray(p), dtype=torch.long)
+        mask[b, longest - n:] = 1
+    return {"input_ids": ids, "labels": torch.full_like(ids, IGNORE_INDEX),
+            "attention_mask": mask}
 
 
 class _Collate:

@@ -31,17 +31,23 @@ def profile_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None
     unpacked = spec.with_changes(data=spec.data.model_copy(update={"packing": False}))
     samples, info = build_dataset(unpacked, vocab_size, base_dir, progress)
     S, mb, ga = spec.sequence_length, spec.micro_batch_size, spec.gradient_accumulation_steps
-    if isinstance(samples, EncodedSamples):
+    shape = _objective_shape(spec, samples)
+    if shape is not None:
+        full, sup, cached, trunc, shape_note, total = shape
+    elif isinstance(samples, EncodedSamples):
         enc = samples.encoded
         full, sup, cached = enc.lengths(), enc.supervised(S), enc.cached
     else:  # synthetic: every sample is sequence_length long and fully trained
         n = len(samples)
         full, sup, cached = np.full(n, S), np.full(n, S - 1), False
-    trunc = np.minimum(full, S)
+    if shape is None:
+        trunc = np.minimum(full, S)
     rows = pack(trunc, S)
     row_len = np.asarray([trunc[r].sum() for r in rows], np.int64)
     row_sup = np.asarray([sup[r].sum() for r in rows], np.int64)
     what = "counted over the whole dataset"
+    padded = _batching(trunc, sup, spec, "samples, each micro-batch padded to its longest",
+                       *_rows(spec))
     out = DataProfile(
         spec_hash=spec.spec_hash(), source=info.source, path=info.path,
         format=spec.data.data_format, tokenizer=info.tokenizer, chat_template=info.chat_template,
@@ -52,14 +58,24 @@ def profile_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None
         tokens_supervised=Figure.measured(int(sup.sum()), "tokens",
                                           f"{what}: trained tokens (labels != -100) within "
                                           f"sequence_length {S}, as the loss counts them"),
-        length=_lengths(full), truncated_samples=int((full > S).sum()),
-        padded=_batching(trunc, sup, spec, "samples, each micro-batch padded to its longest"),
-        packed=_batching(row_len, row_sup, spec, f"rows of <= {S} tokens packed best-fit "
-                         "decreasing, each micro-batch padded to its longest row"),
+        length=_lengths(full), truncated_samples=int((full > trunc).sum()),
+        padded=padded,
+        packed=padded if shape is not None else _batching(  # pairs and prompts do not pack
+            row_len, row_sup, spec, f"rows of <= {S} tokens packed best-fit decreasing, each "
+            "micro-batch padded to its longest row"),
         packing=spec.data.packing, content_sha256=info.content_sha256, cached=cached,
         seconds=Figure.measured(time.perf_counter() - t0, "s",
                                 "reading from the cache" if cached else "tokenizing"),
         notes=list(info.notes))
+    if shape is not None:
+        out.notes.append(shape_note)
+        out.tokens_total = Figure.measured(total, "tokens", f"{what}, after the chat template, "
+                                           "before truncation (both replies of each pair)")
+        if spec.objective.generative:
+            out.tokens_supervised = Figure.projected(
+                int(sup.sum()), "tokens", f"{spec.objective.generations} completions of "
+                f"{_completion(spec):,} tokens per prompt (at full length: generated, not in "
+                "the data)")
     lost = int(full.sum() - trunc.sum())
     if lost:
         out.notes.append(f"truncation at sequence_length {S} drops {lost:,} tokens of "
@@ -83,22 +99,73 @@ def _nice(x: int) -> int:
     return next(m * k for m in (1, 2, 5, 10) if m * k >= x)
 
 
-def _batching(lengths: np.ndarray, supervised: np.ndarray, spec: RunSpec, how: str) -> Batching:
+def _completion(spec: RunSpec) -> int:
+    from tunepilot.objective import lengths
+
+    return lengths(spec).completion
+
+
+def _rows(spec: RunSpec) -> tuple[int, int, int]:
+    """(items per micro-batch, policy rows per item, positions added per row): a pair is two
+    rows; a prompt num_generations rows of prompt + completion, prompts_per_generation prompts
+    per batch."""
+    from tunepilot.objective import prompts_per_generation
+
+    o = spec.objective
+    if o.generative:
+        return prompts_per_generation(spec), o.generations, _completion(spec)
+    return spec.micro_batch_size, o.sequences_per_sample, 0
+
+
+def _objective_shape(spec: RunSpec, samples):
+    """(lengths, supervised, cached, truncated lengths, note, tokens) of pairs and prompts: a pair is as
+    long as its longer reply and trains both replies' completions; a prompt is cut at the
+    prompt length and trains its generated completions. None for SFT samples."""
+    from tunepilot.dataset.samples import PairSamples, PromptSamples
+
+    S = spec.sequence_length
+    if isinstance(samples, PairSamples):
+        enc = samples.samples.encoded
+        n, sup = enc.lengths(), enc.supervised(S)
+        full = np.maximum(n[0::2], n[1::2])
+        return (full, sup[0::2] + sup[1::2], enc.cached, np.minimum(full, S),
+                f"{len(full):,} pairs: lengths are the longer reply's; each micro-batch runs "
+                "2 x micro_batch_size sequences; trained tokens are both replies' completions",
+                int(n.sum()))
+    if isinstance(samples, PromptSamples):
+        enc, o = samples.encoded, spec.objective
+        full = enc.lengths()
+        sup = np.full(len(full), o.generations * _completion(spec), np.int64)
+        return (full, sup, enc.cached, np.minimum(full, samples.prompt_length),
+                f"{len(full):,} prompts (lengths are the prompts'); each generates "
+                f"{o.generations} completions of up to {_completion(spec):,} tokens",
+                int(full.sum()))
+    return None
+
+
+def _batching(lengths: np.ndarray, supervised: np.ndarray, spec: RunSpec, how: str,
+              mb: int | None = None, rows_per_item: int = 1, extra_per_row: int = 0
+              ) -> Batching:
     """One epoch of micro-batches in the loader's order (the sampler's permutation of epoch 0,
-    drop_last): positions, padding and supervised tokens."""
+    drop_last): positions, padding and supervised tokens (``rows_per_item`` policy rows per
+    item - 2 for a pair, num_generations for a prompt - each ``extra_per_row`` longer: the
+    generated completion)."""
     import torch
 
-    n, mb = len(lengths), spec.micro_batch_size
+    n, mb = len(lengths), mb or spec.micro_batch_size
     order = (torch.randperm(n, generator=torch.Generator().manual_seed(spec.seed)).numpy()
              if spec.data.shuffle else np.arange(n))
     nb = n // mb
     idx = order[: nb * mb].reshape(nb, mb)
-    positions = int((lengths[idx].max(axis=1) * mb).sum()) if nb else 0
-    real, useful = int(lengths[idx].sum()), int(supervised[idx].sum())
+    positions = int(((lengths[idx].max(axis=1) + extra_per_row) * mb * rows_per_item).sum()) \
+        if nb else 0
+    real = int((lengths[idx] + extra_per_row).sum()) * rows_per_item
+    useful = int(supervised[idx].sum())
     return Batching(
         padding_fraction=Figure.measured(1 - real / positions if positions else None, "fraction",
                                          f"padded positions / all positions; {how}"),
         useful_fraction=Figure.measured(useful / positions if positions else None, "fraction",
                                         f"trained tokens / all positions; {how}"),
         items=n, positions=positions,
-        steps_per_epoch=nb // spec.gradient_accumulation_steps)
+        steps_per_epoch=nb // (1 if spec.objective.generative else
+                               spec.gradient_accumulation_steps))

@@ -4,6 +4,11 @@
     EncodedSamples   the tokenized dataset (encode.py), each sample truncated to sequence_length
     PackedRows       several samples per row of at most sequence_length tokens (best-fit
                      decreasing, as TRL's BFD packing), position ids restarting per sample
+    PairSamples      preference rows: (chosen ids, chosen labels, rejected ids, rejected
+                     labels), each truncated to sequence_length (TRL's keep_start)
+    PromptSamples    prompt-only rows (generation): (prompt ids,), the last max_prompt_length
+                     tokens kept
+    SyntheticPairs / SyntheticPrompts   random pairs / prompts at full length
 An item is (input_ids, labels) - or (input_ids, labels, position_ids) for a packed row - as
 int64 numpy arrays; labels are -100 where nothing is trained.
 """
@@ -91,6 +96,71 @@ class PackedRows(torch.utils.data.Dataset):
         return self._lengths
 
 
+class PairSamples(torch.utils.data.Dataset):
+    """Preference pairs: encoded samples 2i (chosen) and 2i+1 (rejected)."""
+
+    def __init__(self, samples: EncodedSamples):
+        self.samples = samples
+        n = samples.lengths()
+        self._lengths = np.maximum(n[0::2], n[1::2])  # a pair is as long as its longer reply
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def __getitem__(self, i: int):
+        return (*self.samples[2 * i], *self.samples[2 * i + 1])
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths
+
+
+class PromptSamples(torch.utils.data.Dataset):
+    """Prompt-only rows, the last ``prompt_length`` tokens of each kept (generation continues
+    from the end of the prompt)."""
+
+    def __init__(self, encoded, prompt_length: int):
+        self.encoded, self.prompt_length = encoded, prompt_length
+        self._lengths = np.minimum(encoded.lengths(), prompt_length)
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def __getitem__(self, i: int):
+        b = int(self.encoded.offsets[i + 1])
+        return (self.encoded.ids[b - int(self._lengths[i]):b].astype(np.int64),)
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths
+
+
+class SyntheticPairs(SyntheticTokens):
+    """Random pairs: chosen and rejected of exactly seq_len tokens, the first ``prompt``
+    shared and not trained."""
+
+    def __init__(self, vocab_size: int, seq_len: int, prompt: int, seed: int):
+        super().__init__(vocab_size, seq_len, seed)
+        self.prompt = prompt
+
+    def __getitem__(self, i: int):
+        chosen, _ = super().__getitem__(2 * i)
+        rejected, _ = super().__getitem__(2 * i + 1)
+        rejected[: self.prompt] = chosen[: self.prompt]
+        out = []
+        for ids in (chosen, rejected):
+            labels = ids.copy()
+            labels[: self.prompt] = IGNORE_INDEX
+            out += [ids, labels]
+        return tuple(out)
+
+
+class SyntheticPrompts(SyntheticTokens):
+    """Random prompts of exactly ``prompt`` tokens."""
+
+    def __getitem__(self, i: int):
+        ids, _ = super().__getitem__(i)
+        return (ids,)
+
+
 def pack(lengths: np.ndarray, capacity: int) -> list[list[int]]:
     """Best-fit decreasing: each sample, longest first, into the fullest row it still fits."""
     order = np.argsort(-np.asarray(lengths), kind="stable")
@@ -119,6 +189,8 @@ class DataInfo:
     vocab_size: int
     pad_token_id: int
     path: str | None = None
+    eos_token_id: int | None = None
+    """what ends a generated completion (None: synthetic data, completions run to full length)"""
     size_bytes: int | None = None
     content_sha256: str | None = None
     tokenizer: str | None = None
@@ -147,9 +219,9 @@ def build_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None,
     """The spec's dataset (packed rows when data.packing) and what was found in it."""
     d = spec.data
     if d.source == "synthetic":
-        ds = SyntheticTokens(vocab_size, spec.sequence_length, spec.seed)
+        ds = _synthetic(spec, vocab_size)
         info = DataInfo("synthetic", len(ds), vocab_size, 0,
-                        longest_sample_tokens=spec.sequence_length)
+                        longest_sample_tokens=spec.sequence_length, format=_kind(spec))
         if d.packing:
             info.notes.append("synthetic samples fill the sequence length: packing changes "
                               "nothing")
@@ -169,6 +241,7 @@ def build_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None,
     truncated = int((full > S).sum())
     pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     info = DataInfo(d.source, len(samples), vocab_size, int(pad), path=str(files.path),
+                    eos_token_id=tok.eos_token_id,
                     size_bytes=files.size_bytes, content_sha256=files.content_sha256,
                     tokenizer=str(files.tokenizer), truncated_samples=truncated,
                     longest_sample_tokens=int(samples.lengths().max()), format=d.data_format,
@@ -181,8 +254,50 @@ def build_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None,
                           f"sequence_length {S} and were truncated to it (training does the same)")
     if enc.skipped:
         info.notes.append(f"{enc.skipped} rows were skipped (data.skip_bad_rows)")
+    if spec.data.data_format in ("preference", "prompt"):
+        return _objective_samples(spec, enc, samples, info)
     if not d.packing:
         return samples, info
     rows = pack(samples.lengths(), S)
     info.packed_rows = len(rows)
     return PackedRows(samples, rows), info
+
+
+def _kind(spec: RunSpec) -> str:
+    o = spec.objective
+    return "preference" if o.paired else ("prompt" if o.generative else "text")
+
+
+def _synthetic(spec: RunSpec, vocab_size: int) -> torch.utils.data.Dataset:
+    """Random tokens of the objective's shape at full length: samples, pairs or prompts."""
+    from tunepilot.objective import lengths
+
+    ln = lengths(spec)
+    if spec.objective.paired:
+        return SyntheticPairs(vocab_size, ln.sequence, ln.prompt, spec.seed)
+    if spec.objective.generative:
+        return SyntheticPrompts(vocab_size, ln.prompt, spec.seed)
+    return SyntheticTokens(vocab_size, spec.sequence_length, spec.seed)
+
+
+def _objective_samples(spec: RunSpec, enc, samples: EncodedSamples, info: DataInfo):
+    """Pairs (two encoded samples each) or prompts (truncated to the prompt length)."""
+    from tunepilot.objective import lengths
+
+    if spec.data.data_format == "preference":
+        ds = PairSamples(samples)
+        info.num_samples = len(ds)
+        info.notes.append(f"{len(ds)} preference pairs: each micro-batch runs its chosen and "
+                          "rejected replies (2 x micro_batch_size sequences)")
+    else:
+        p = lengths(spec).prompt
+        ds = PromptSamples(enc, p)
+        info.truncated_samples = int((enc.lengths() > p).sum())
+        info.longest_sample_tokens = int(ds.lengths().max())
+        info.notes = [n for n in info.notes if "truncated" not in n]
+        if info.truncated_samples:
+            info.notes.append(f"{info.truncated_samples} prompts were longer than the prompt "
+                              f"length {p} and keep their last {p} tokens")
+    if spec.data.packing:
+        info.notes.append("packing applies to SFT rows; pairs and prompts are padded")
+    return ds, info

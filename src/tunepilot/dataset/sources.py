@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunepilot.errors import UserError
-from tunepilot.resources import TINY_CHAT, TINY_CHAT_TOKENIZER, TINY_TEXT, TINY_TOKENIZER
+from tunepilot.resources import (
+    TINY_CHAT,
+    TINY_CHAT_TOKENIZER,
+    TINY_PREFERENCE,
+    TINY_PROMPTS,
+    TINY_TEXT,
+    TINY_TOKENIZER,
+)
 from tunepilot.spec import DataSpec
 
 _HASH_CHUNK = 1 << 20
@@ -50,6 +57,9 @@ def locate(data: DataSpec, base_dir: Path | None = None) -> DataFiles:
         path, tok = TINY_TEXT, TINY_TOKENIZER
     elif data.source == "tiny-chat":
         path, tok = TINY_CHAT, TINY_CHAT_TOKENIZER
+    elif data.source in ("tiny-preference", "tiny-prompts"):
+        path = TINY_PREFERENCE if data.source == "tiny-preference" else TINY_PROMPTS
+        tok = TINY_CHAT_TOKENIZER
     else:
         path, tok = resolve(data.path, base_dir), resolve(data.tokenizer, base_dir)
     if not path.exists():
@@ -131,7 +141,7 @@ class Rows:
 
 def read_rows(files: DataFiles, data: DataSpec, columns: list[str]) -> Rows:
     """Every row (the first max_samples), with the columns the format needs."""
-    if files.source in ("jsonl", "tiny-text", "tiny-chat"):
+    if files.source in ("jsonl", "tiny-text", "tiny-chat", "tiny-preference", "tiny-prompts"):
         return _jsonl(files, data)
     table = _table(files, data, columns)
     limit = data.max_samples or table.num_rows

@@ -77,6 +77,13 @@ class ChatTemplate:
             spans.append((len(before), len(upto)))
         return full, spans
 
+    def render_prompt(self, messages: list[dict]) -> str:
+        """The conversation so far and the assistant's header: what generation continues."""
+        if self._named is not None:
+            text, _ = self._named.render(messages, spans=False)
+            return text + self._named.head.format(role="assistant")
+        return self._render(messages, True)
+
     def _render(self, messages: list[dict], generation: bool) -> str:
         try:
             return self._jinja.render(messages=messages, add_generation_prompt=generation,

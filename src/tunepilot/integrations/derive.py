@@ -79,8 +79,8 @@ def derive_spec(model: Any, out_dir: Path, *, micro_batch_size: int, accumulatio
                 gradient_checkpointing: bool = False, world_size: int = 1,
                 name: str | None = None, precision: str | None = None,
                 optimizer: str | None = None, max_steps: int | None = None,
-                eval_every_steps: int | None = None, save_every_steps: int | None = None
-                ) -> tuple[Any, Any, list[str]]:
+                eval_every_steps: int | None = None, save_every_steps: int | None = None,
+                objective: dict | None = None) -> tuple[Any, Any, list[str]]:
     """(RunSpec, Arch, notes) of the live run; writes spec.yaml and model-config.json."""
     import yaml
 
@@ -123,6 +123,8 @@ def derive_spec(model: Any, out_dir: Path, *, micro_batch_size: int, accumulatio
         spec["validation"] = {"every_steps": int(eval_every_steps)}
     if save_every_steps and save_every_steps > 0:
         spec["checkpoint"] = {"every_steps": int(save_every_steps)}
+    if objective:  # a TRL trainer's objective (hf.objective_of)
+        spec["objective"] = objective
     if world_size > 1:
         spec["parallel"] = {"strategy": "ddp", "devices": int(world_size)}
         notes.append(f"{world_size} ranks: recorded as DDP (the strategy is not visible to "

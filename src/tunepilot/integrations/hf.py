@@ -69,6 +69,7 @@ class TunepilotCallback(TrainerCallback):
         self._model = model
         if model is not None:
             self._hook = model.register_forward_pre_hook(self._count, with_kwargs=True)
+            self._generate = wrap_generate(model, self.recorder)
             if self.proof is not None:
                 self.proof.attach(model)
         self._startup_s = process_age_s()
@@ -76,7 +77,12 @@ class TunepilotCallback(TrainerCallback):
         self._last_event = time.perf_counter()
 
     def _count(self, module, args, kwargs):
-        if getattr(self.recorder, "disabled", False) or not module.training:
+        import torch
+
+        # a forward without gradient is no trained token: TRL's reference forward, GRPO's
+        # generation and its old/reference log-probs (the training forward has gradients)
+        if getattr(self.recorder, "disabled", False) or not module.training or \
+                not torch.is_grad_enabled():
             return None
         try:
             ids = kwargs.get("input_ids", args[0] if args else None)
@@ -133,6 +139,7 @@ class TunepilotCallback(TrainerCallback):
         rec = self.recorder
         model = model or self._model
         seq = max((x.sequence_length for x in rec.steps + rec.warmup), default=0) or 1
+        objective = objective_of(args, seq, rec.notes)
         spec, arch, notes = derive_spec(
             model, rec.out_dir, micro_batch_size=args.per_device_train_batch_size,
             accumulation=args.gradient_accumulation_steps, sequence_length=seq,
@@ -140,7 +147,8 @@ class TunepilotCallback(TrainerCallback):
             lr=args.learning_rate, gradient_checkpointing=bool(args.gradient_checkpointing),
             world_size=max(1, int(getattr(args, "world_size", 1) or 1)),
             name=self.name or rec.out_dir.name, max_steps=int(state.max_steps or 0),
-            eval_every_steps=_every(args, "eval"), save_every_steps=_every(args, "save"))
+            eval_every_steps=_every(args, "eval"), save_every_steps=_every(args, "save"),
+            objective=objective)
         rec.notes.extend(notes)
         self.result = rec.finish(spec, arch, provenance_model=provenance_model(model),
                                  startup_s=self._startup_s, losses=self._losses)
@@ -150,6 +158,9 @@ class TunepilotCallback(TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if getattr(self, "_generate", None) is not None and self._model is not None:
+            self._model.__dict__.pop("generate", None)  # the class's generate again
+            self._generate = None
 
     def _off(self, exc: Exception, what: str) -> None:
         import warnings
@@ -158,6 +169,73 @@ class TunepilotCallback(TrainerCallback):
         self._remove_hook()
         warnings.warn(f"tunepilot: {what} failed ({type(exc).__name__}: {exc}); tunepilot "
                       "stops recording, your run goes on.", RuntimeWarning, stacklevel=2)
+
+
+def wrap_generate(model, recorder):
+    """Time the model's generate (TRL's GRPO/RLOO without vLLM) as the step's generation phase:
+    seconds (synchronised on a GPU) and the tokens generated. Returns the original method."""
+    import functools
+
+    original = model.generate
+
+    @functools.wraps(original)
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        try:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            seqs = getattr(out, "sequences", out)
+            if seqs.is_cuda:
+                import torch
+
+                torch.cuda.synchronize()
+            new = (seqs.shape[-1] - ids.shape[-1]) * seqs.shape[0] if ids is not None else 0
+            recorder.generation(time.perf_counter() - t0, int(new))
+        except Exception:  # never break the user's generation
+            pass
+        return out
+
+    model.generate = timed
+    return original
+
+
+# TRL's trainer configs -> the objective they train (the config's class names it)
+_TRL_KINDS = {"DPOConfig": "dpo", "ORPOConfig": "orpo", "CPOConfig": "cpo", "KTOConfig": "kto",
+              "GRPOConfig": "grpo", "RLOOConfig": "rloo"}
+
+
+def objective_of(args, sequence_length: int, notes: list[str]) -> dict | None:
+    """The spec's objective of a TRL trainer's config (None: SFT / a plain Trainer)."""
+    kind = _TRL_KINDS.get(type(args).__name__)
+    if kind is None:
+        if type(args).__name__ == "RewardConfig":
+            notes.append("TRL's RewardTrainer: recorded as the model's own task (the spec is "
+                         "derived from the model)")
+        return None
+    o: dict = {"kind": kind}
+    beta = getattr(args, "beta", None)
+    if isinstance(beta, int | float):
+        o["beta"] = float(beta)
+    loss = getattr(args, "loss_type", None)
+    loss = loss[0] if isinstance(loss, list | tuple) and len(loss) == 1 else loss
+    if isinstance(loss, str) and kind in ("dpo", "cpo", "grpo"):
+        o["loss_type"] = loss
+    if getattr(args, "precompute_ref_log_probs", False):
+        o["reference"] = "precomputed"
+    if kind in ("grpo", "rloo"):
+        c = int(getattr(args, "max_completion_length", 512) or 512)
+        o.update(num_generations=int(args.num_generations), max_completion_length=c,
+                 max_prompt_length=max(1, sequence_length - c),
+                 num_iterations=int(getattr(args, "num_iterations", 1) or 1))
+        spg = getattr(args, "steps_per_generation", None)
+        if spg:
+            o["steps_per_generation"] = int(spg)
+        if getattr(args, "use_vllm", False):
+            mode = getattr(args, "vllm_mode", "colocate")
+            o["generation"] = {"backend": f"vllm-{mode}"} if mode == "server" else {
+                "backend": "vllm-colocate",
+                "gpu_memory_utilization": float(args.vllm_gpu_memory_utilization)}
+    return o
 
 
 def _every(args, what: str) -> int | None:

@@ -75,6 +75,7 @@ class Recorder:
         self._seq = 0
         self._samples = 0
         self._extra_wait = 0.0
+        self._gen_s, self._gen_tokens = 0.0, 0
         self._allocator = AllocatorPeaks()
         self._sampler = None
         self._reading = None
@@ -144,7 +145,9 @@ class Recorder:
                           data_wait_s=max(0.0, begin - self._mark) + self._extra_wait,
                           forward_s=None, backward_s=None, optimizer_s=None,
                           useful_tokens=useful, padded_tokens=self._padded,
-                          sequence_length=self._seq, loss=loss, samples=self._samples)
+                          sequence_length=self._seq, loss=loss, samples=self._samples,
+                          generation_s=self._gen_s or None,
+                          generated_tokens=self._gen_tokens if self._gen_s else None)
         if not self.warmup and not self.steps:
             _mark_first_step()
         if len(self.warmup) < self.warmup_steps:
@@ -159,8 +162,16 @@ class Recorder:
             self.steps.append(step)
         self._useful, self._padded, self._seq, self._samples = 0, 0, 0, 0
         self._extra_wait = 0.0
+        self._gen_s, self._gen_tokens = 0.0, 0
         self._begin = None
         self._mark = now
+
+    def generation(self, seconds: float, tokens: int) -> None:
+        """The step generated completions (GRPO/RLOO's generate): its own phase of the step."""
+        self._gen_s += float(seconds)
+        self._gen_tokens += int(tokens)
+        self._note_once("generation timed around the model's generate (transformers; a vLLM "
+                        "engine's generation is not seen by the callback)")
 
     def add_wait(self, seconds: float) -> None:
         """Data wait before a later micro-batch of the same optimizer step."""
@@ -247,7 +258,9 @@ class Recorder:
             reading=reading, validation=val, checkpoint=ck, times=times,
             notes=list(self.notes),
             split_how="not split: the user's loop runs forward, backward and the optimizer",
-            losses=(losses[0], losses[-1]) if losses else None)
+            losses=(losses[0], losses[-1]) if losses else None,
+            generation_how="transformers' generate, timed around the model's generate by the "
+            "callback" if any(x.generation_s for x in self.steps + self.warmup) else None)
 
 
 def default_out_dir(name: str) -> Path:

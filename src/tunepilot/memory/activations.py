@@ -236,3 +236,52 @@ def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int
     if impl == "megatron":
         return 0  # its 16-bit logits are the retained ones
     return (cb + 4) * V * tokens
+
+
+def logprob_bytes(arch: Arch, spec: RunSpec, cb: int, rows: int) -> dict[str, int]:
+    """The log-prob term of the DPO family and GRPO (preference.py: TRL's selective_log_softmax)
+    for ``rows`` sequences of one micro-batch, in bytes:
+
+      kept        what the loss keeps for backward: each row's log-softmax output - fp32 under
+                  autocast (CUDA autocast runs log_softmax in fp32), 16 bit under bf16-true;
+                  under fp32 the logits themselves (a logsumexp per row keeps its input)
+      forward     the logits, alive until the log-probs are taken (cb x V per position), and
+                  one row's fp32 upcast
+      reference   a forward without gradient (the reference's, or the old policy's): its
+                  logits, and one row's fp32 upcast and log-softmax
+      backward    the loss backward, row by row: a row's log-softmax gradient (fp32 under
+                  autocast), its 16-bit cast and the previous row's - or, at the end, the rows'
+                  16-bit gradients and their stack, once the kept outputs are freed
+    Positions: every token of a pair's rows (TRL's concatenated forward), the completion + 1 of
+    a generated row (TRL's logits_to_keep). A chunked loss (chunked_loss: TRL 1.x's fused LM
+    head) holds the logits of CHUNKED_LOSS_TOKENS positions at a time instead."""
+    from tunepilot.objective import lengths, logits_rows_positions
+
+    V = arch.vocab_size
+    positions = logits_rows_positions(spec, rows)
+    per_row = positions // max(rows, 1)
+    if spec.loss_is_chunked:
+        kept, backward = logits_bytes(arch, spec, cb, positions)
+        fwd = logits_forward_bytes(arch, spec, cb, positions)
+        return {"kept": kept, "forward": fwd, "reference": fwd + 4 * V * min(
+            positions, CHUNKED_LOSS_TOKENS), "backward": backward}
+    row = V * min(per_row, lengths(spec).sequence)  # elements of one row's logits
+    T = V * positions
+    if spec.precision == "fp32":  # logits fp32: gather + a logsumexp per row (their input kept)
+        return {"kept": 4 * T, "forward": 4 * 4 * row, "reference": 4 * T + 16 * row,
+                "backward": 12 * T}  # the gather's scatter, the rows' stack, their sum
+    if spec.precision == "bf16-true":  # a 16-bit log_softmax per row, its output kept
+        return {"kept": cb * T, "forward": cb * T + 2 * cb * row,
+                "reference": cb * T + 2 * cb * row, "backward": 2 * cb * T}
+    kept = 4 * T  # autocast: each row's log_softmax runs (and is kept) in fp32
+    backward = max((4 + 2 * cb) * row, 2 * cb * T - kept)
+    return {"kept": kept, "forward": cb * T + 4 * row, "reference": cb * T + 8 * row,
+            "backward": backward}
+
+
+def no_grad_layer_bytes(arch: Arch, cb: int, tokens: int) -> int:
+    """One decoder layer's working set in a forward without gradient (the reference's, a
+    validation pass, a prefill): its MLP intermediates (gate, up and their product, or fc1 and
+    its activation), the largest of the layer's tensors."""
+    k = arch.experts_per_token if arch.num_experts > 1 else 1
+    return (3 if arch.mlp_kind == "gated" else 2) * cb * arch.intermediate_size * k * tokens

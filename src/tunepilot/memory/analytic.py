@@ -25,8 +25,16 @@ from tunepilot.memory.activations import (
     layer_backward_bytes,
     logits_bytes,
     logits_forward_bytes,
+    logprob_bytes,
+    no_grad_layer_bytes,
     precision_bytes,
     saved_activations,
+)
+from tunepilot.memory.objective_phases import (
+    frozen_copies_bytes,
+    no_grad_forward_bytes,
+    objective_notes,
+    objective_phases,
 )
 from tunepilot.model.arch import Arch, ParamCounts, linear_modules, lora_param_count, param_counts
 from tunepilot.model.flops import (
@@ -141,8 +149,18 @@ def _model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
     if copies:  # their state in their own dtype; foreach steps each dtype's group in turn
         o2, t2 = variants.saved_module_optimizer_bytes(arch, spec, impl)
         optim, temp = optim + o2, (temp + t2 if copy_b == pb else max(temp, t2))
-    return _States(weights, master, trainable_bytes, optim, temp, frozen, trainable_bytes,
-                   linear_weights, lm_head_weights, notes=notes)
+    frozen_copies = frozen_copies_bytes(spec, counts.total)  # a reference / reward-model copy
+    if frozen_copies:
+        notes.append(f"a frozen copy of the model for the {_copies(spec)} in the compute dtype "
+                     f"({frozen_copies / 2**30:,.2f} GiB) among the weights")
+    return _States(weights + frozen_copies, master, trainable_bytes, optim, temp, frozen,
+                   trainable_bytes, linear_weights, lm_head_weights, notes=notes)
+
+
+def _copies(spec: RunSpec) -> str:
+    o = spec.objective
+    names = ["reference"] if o.reference_kind(spec.method.kind) == "copy" else []
+    return " and ".join(names + (["reward model"] if o.reward_model == "copy" else []))
 
 
 def _parallelize(spec: RunSpec, s: _States, counts: ParamCounts, cb: int) -> _States:
@@ -215,6 +233,9 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
     layer_bwd = layer_backward_bytes(arch, spec, cb, tokens) if \
         spec.activation_checkpointing == "none" else 0  # (checkpointed: the recompute's)
     logits_fwd = logits_forward_bytes(arch, spec, cb, tokens)  # lm_head output + fp32 upcast
+    lp = _logprobs(spec, arch, cb)
+    if lp is not None:  # the DPO family / GRPO: log-probs of the labels (preference.py)
+        logits_kept, logits_transient, logits_fwd = lp["kept"], lp["backward"], lp["forward"]
     linears = linear_modules(arch)
     dequant = 2 * max(m.in_features * m.out_features for m in linears) \
         if spec.method.kind == "qlora" else 0  # one linear dequantised to bf16 at a time
@@ -229,6 +250,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
     states = (s.weights, s.master)
     dora = variants.dora_transient(arch, spec)  # each DoRA forward's weight-sized temporaries
     recompute = dora if spec.activation_checkpointing != "none" else 0
+    no_grad = no_grad_forward_bytes(spec, arch, cb, tokens, lp["reference"]) if lp else 0
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
                    max(logits_fwd, dora) + s.unsharded, s.buckets),
@@ -240,7 +262,19 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
         _validation_phase(spec, arch, s, cb, sb),
     ]
+    phases = objective_phases(spec, arch, phases, states=(*states, acc_grads, s.optim),
+                              saved_and_kept=saved + casts_fwd + logits_kept, no_grad=no_grad,
+                              cb=cb, unsharded=s.unsharded, buckets=s.buckets)
     return phases, largest
+
+
+def _logprobs(spec: RunSpec, arch: Arch, cb: int) -> dict | None:
+    """The log-prob terms of one micro-batch for the objectives tunepilot's loss takes
+    log-probs for (everything but SFT and a classification head)."""
+    if spec.objective.kind == "sft" or spec.model.task != "causal-lm":
+        return None
+    rows = spec.micro_batch_size * spec.objective.sequences_per_sample
+    return logprob_bytes(arch, spec, cb, rows)
 
 
 def _validation_phase(spec: RunSpec, arch: Arch, s: _States, cb: int, sb: int) -> Phase:
@@ -249,13 +283,15 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: _States, cb: int, sb: int) -
     for backward; the transient is the larger of one layer's MLP intermediates (gate, up and
     their product, or fc1 and its activation) and the loss's (the logits, their fp32 upcast and
     the fp32 log-softmax, alive together, as the trace shows), plus FSDP's unsharded layers."""
-    tokens = spec.validation_micro_batch_size * spec.sequence_length
-    k = arch.experts_per_token if arch.num_experts > 1 else 1
-    mlp = (3 if arch.mlp_kind == "gated" else 2) * cb * arch.intermediate_size * k * tokens
+    rows = spec.validation_micro_batch_size * spec.objective.sequences_per_sample
+    tokens = rows * spec.sequence_length
+    mlp = no_grad_layer_bytes(arch, cb, tokens)
     log_softmax, _ = logits_bytes(arch, spec, cb, tokens)
     if variants.loss_bytes(arch, spec, cb, sb, tokens) is not None:
         log_softmax = 0  # a loss kernel keeps nothing without gradients
     loss = logits_forward_bytes(arch, spec, cb, tokens) + log_softmax
+    if spec.objective.paired and spec.model.task == "causal-lm":  # the DPO loss, no gradient
+        loss = logprob_bytes(arch, spec, cb, rows)["reference"]
     transient = max(mlp, loss) + s.unsharded  # the layers' transients are gone at the loss
     return Phase.make("validation", s.weights, s.master, 0, s.optim, 0, transient, s.buckets)
 
@@ -320,6 +356,7 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
                      "activations x 0.8, MODELLED (the trace runs eager; it cannot compile on "
                      "fake tensors)")
     notes += lever_notes(spec)
+    notes += objective_notes(spec, arch)
     if spec.model.task == "sequence-classification":
         notes.append(f"task sequence-classification: a {spec.model.num_labels}-label head on "
                      "the last token - no vocabulary logits")

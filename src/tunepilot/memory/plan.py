@@ -23,4 +23,8 @@ def make_plan(spec: RunSpec, *, catalog: Catalog | None = None, card_ids: list[s
     plan = analytic_plan(spec, arch, stack)
     plan.cards = [fit_card(spec, arch, card, analytic_plan, headroom, plan) for card in cards]
     plan.spec_hash = spec.spec_hash()
+    if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input
+        from tunepilot.memory.objective_phases import check_generation_room
+
+        check_generation_room(spec, plan, headroom)
     return plan

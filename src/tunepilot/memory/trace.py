@@ -97,6 +97,10 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
         planner = scaled_planner(plan, analytic)
     plan.cards = [fit_card(spec, arch, c, planner, headroom, plan) for c in cards]
     plan.spec_hash = spec.spec_hash()
+    if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input
+        from tunepilot.memory.objective_phases import check_generation_room
+
+        check_generation_room(spec, plan, headroom)
     return plan
 
 
@@ -170,6 +174,10 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     notes = list(raw.notes)
     if arch is not None and in_use(spec):  # what the kernels and adapter variants change
         notes += kernel_notes(arch, spec)
+    if arch is not None:
+        from tunepilot.memory.objective_phases import objective_notes
+
+        notes += objective_notes(spec, arch)
     phases_in = [dict(_phase_bytes(p), name=p.name) for p in raw.phases]
     if offloads_activations(spec) or spec.optimizer_in_backward:
         phases_in = _levers_on_trace(spec, arch, raw, phases_in)

@@ -13,6 +13,7 @@ import contextlib
 import resource
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -107,10 +108,15 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
             t.nf4 = emulate_nf4(model, spec)
         return model, None
 
+    def prepare_reference(model):  # the frozen copy of a full run's DPO/GRPO reference
+        if t.fake_mode is not None:
+            to_fake(model, t.fake_mode)
+        return model, None
+
     factory = _optimizer_factory(t, stack)
     bspec = _build_spec(spec, t.notes)
     t.run = build_run(bspec, "meta" if fake else dev, total_steps=2, config=config, data=False,
-                      prepare=prepare, optimizer=factory)
+                      prepare=prepare, optimizer=factory, prepare_reference=prepare_reference)
     t.run.spec = spec
     if spec.precision == "fp16-mixed":  # GradScaler's inf check reads values fake tensors lack
         with t.fake_mode or contextlib.nullcontext():
@@ -152,7 +158,7 @@ def kernel_standins(model, spec: RunSpec, config: dict, notes: list[str]) -> int
     return apply_kernel_standins(model, spec, Arch.from_config(config), notes)
 
 
-def register_model(tracker: StorageTracker, model, spec, nf4: dict) -> dict:
+def register_model(tracker: StorageTracker, model, spec, nf4: dict, reference=None) -> dict:
     """Register parameters and buffers; return the figures the parent derives DDP/FSDP from."""
     mixed = spec.precision.endswith("-mixed")
     rows, seen = [], set()
@@ -172,6 +178,11 @@ def register_model(tracker: StorageTracker, model, spec, nf4: dict) -> dict:
             trainable_bytes += round_block(nbytes)
     for b in model.buffers():
         tracker.register(b, "weights")
+    if reference is not None:  # a frozen copy: weights, sharded like the policy's under FSDP
+        for p in reference.parameters():
+            tracker.register(p, "weights")
+            rows.append([int(p.shape[0]) if p.dim() else 1, p.numel() * p.element_size(), False])
+            total += p.numel()
     # the decoder layers: the ModuleList holding the most parameters (model.layers, gpt_neox.
     # layers, transformer.h, ... whatever the architecture calls it)
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
@@ -190,7 +201,7 @@ def _micro_step(t: _Traced, prefix: str, mask, num_items) -> None:
     spec, tr = t.spec, t.tracker
     w = tr.open_window(prefix + "forward")
     tr.begin_forward()
-    batch = _batch(t, spec.micro_batch_size, mask)
+    batch = _batch(t, spec.micro_batch_size, mask is not None)
     loss = forward_loss(t.run.state, batch, spec, num_items)
     tr.end_forward()
     tr.close_window(w)
@@ -201,15 +212,101 @@ def _micro_step(t: _Traced, prefix: str, mask, num_items) -> None:
     tr.close_window(w)
 
 
-def _batch(t: _Traced, rows: int, mask) -> dict:
-    """Random token ids of ``rows`` sequences with their labels: next-token labels (the ids),
-    or one class per sequence for sequence-classification."""
-    spec = t.spec
+def _batch(t: _Traced, rows: int, padded: bool) -> dict:
+    """Random token ids of ``rows`` samples with their labels: next-token labels (the ids; a
+    pair's chosen and rejected rows, their prompt not trained; a rollout's completions with
+    advantages and, for beta > 0, their reference log-probs), or one class per sequence for
+    sequence-classification."""
+    from tunepilot.objective import lengths
+
+    spec, o = t.spec, t.spec.objective
+    ln = lengths(spec)
+    rows *= o.sequences_per_sample
     vocab = int(t.run.model.config.vocab_size)
-    ids = torch.randint(0, vocab, (rows, spec.sequence_length), device=t.dev)
-    labels = torch.randint(0, spec.model.num_labels, (rows,), device=t.dev) \
-        if spec.model.task == "sequence-classification" else ids.clone()
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    ids = torch.randint(0, vocab, (rows, ln.sequence), device=t.dev)
+    mask = torch.ones(rows, ln.sequence, dtype=torch.long, device=t.dev) if padded else None
+    if spec.model.task == "sequence-classification":
+        labels = torch.randint(0, spec.model.num_labels, (rows,), device=t.dev)
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    labels = ids.clone()
+    if o.kind != "sft":
+        labels[:, : ln.prompt] = -100
+    batch = {"input_ids": ids, "labels": labels, "attention_mask": mask}
+    if o.generative:
+        batch["advantages"] = torch.randn(rows, device=t.dev)
+        if o.needs_reference:
+            batch["ref_logps"] = torch.randn(rows, ln.completion, device=t.dev)
+        if o.num_iterations > 1:
+            batch["old_logps"] = torch.randn(rows, ln.completion, device=t.dev)
+    return {k: v for k, v in batch.items() if v is not None}
+
+
+def _rollout_windows(t: _Traced, padded: bool) -> None:
+    """GRPO/RLOO before the policy update: generation (transformers' KV cache: prefill the
+    prompts, the cache grown to prompt + completion, one decode step - the largest the cache
+    gets), then the reference's (beta > 0) and the old policy's (num_iterations > 1) forwards
+    without gradient, one micro-batch (they all have its shape)."""
+    from tunepilot.preference import reference_token_logps, token_logps
+    from tunepilot.training import autocast_context
+
+    spec, tr, o = t.spec, t.tracker, t.spec.objective
+    w = tr.open_window("generation")
+    if o.generation.backend == "transformers":
+        _trace_generation(t, padded)
+    tr.close_window(w)
+    from tunepilot.objective import lengths
+
+    c = lengths(spec).completion
+    for name, needed in (("reference-forward", o.needs_reference),
+                         ("old-logprobs", o.num_iterations > 1)):
+        if not needed:
+            continue
+        w = tr.open_window(name)
+        batch = _batch(t, spec.micro_batch_size, padded)
+        with autocast_context(spec, t.dev.type):
+            if name == "reference-forward":
+                out = reference_token_logps(t.run.model, batch, spec, t.run.state.reference, c)
+            else:
+                with torch.no_grad():
+                    out = token_logps(t.run.model, batch, spec, keep=c)[0]
+        del out, batch
+        tr.close_window(w)
+
+
+def _trace_generation(t: _Traced, padded: bool) -> None:
+    from transformers import DynamicCache
+
+    from tunepilot.objective import generation_batch, lengths
+    from tunepilot.training import autocast_context
+
+    spec, model = t.spec, t.run.model
+    ln, g = lengths(spec), generation_batch(spec)
+    cfg = model.config
+    vocab = int(cfg.vocab_size)
+    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    dtype = next(model.parameters()).dtype
+    if spec.precision.endswith("-mixed"):
+        dtype = torch.float16 if spec.precision == "fp16-mixed" else torch.bfloat16
+    model.eval()
+    with torch.no_grad(), autocast_context(spec, t.dev.type), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # past_key_values -> cache (5.x)
+        prompts = torch.randint(0, vocab, (g, ln.prompt), device=t.dev)
+        mask = torch.ones(g, ln.prompt, dtype=torch.long, device=t.dev) if padded else None
+        cache = DynamicCache(config=cfg)
+        out = model(input_ids=prompts, attention_mask=mask, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        del out
+        grow = torch.zeros(g, heads, ln.completion - 1, head_dim, dtype=dtype, device=t.dev)
+        for i in range(int(cfg.num_hidden_layers)):  # the tokens decoded before the last one
+            cache.update(grow, grow, i)
+        del grow
+        nxt = torch.randint(0, vocab, (g, 1), device=t.dev)
+        mask = torch.ones(g, ln.sequence, dtype=torch.long, device=t.dev) if padded else None
+        out = model(input_ids=nxt, attention_mask=mask, past_key_values=cache, use_cache=True)
+        probs = torch.softmax(out.logits[:, -1].float(), dim=-1)  # sampling at temperature 1
+        del out, probs, cache
+    model.train()
 
 
 def _optimizer_step(t: _Traced) -> None:
@@ -231,7 +328,8 @@ def _batch_mask(t: _Traced):
     keep a mask, which takes transformers' padded path (a 4-D additive mask, repeated K/V heads)
     - the worst case the pilot's longest batch measures."""
     spec = t.spec
-    padded = spec.data.source != "synthetic" and not getattr(spec.data, "packing", False)
+    padded = (spec.data.source != "synthetic" and not getattr(spec.data, "packing", False)) \
+        or spec.objective.kind != "sft" and spec.data.source != "synthetic"
     t.notes.append("batches: " + ("padded text: attention mask kept (transformers' padded "
                                   "path: 4-D mask, K/V heads repeated)" if padded else
                                   "no padding: causal SDPA, no mask, native GQA"))
@@ -253,8 +351,11 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
     state.model.train()
     cuda = t.dev.type == "cuda"
     allocator: dict = {}
+    generative = spec.objective.generative
     with tr, tr.saved_tensors_hooks():
         step1 = tr.open_window("step 1")
+        if generative:
+            _rollout_windows(t, mask is not None)
         _micro_step(t, "", mask, num_items)
         _optimizer_step(t)
         tr.close_window(step1)
@@ -263,6 +364,8 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         step2 = tr.open_window("step 2")
+        if generative:
+            _rollout_windows(t, mask is not None)
         for i in range(micro2):
             _micro_step(t, f"micro {i + 1} " if micro2 > 1 else "", mask, num_items)
         _optimizer_step(t)
@@ -271,7 +374,8 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
             torch.cuda.synchronize()
             allocator = {"cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
                          "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
-        _validation_pass(t, mask)
+        if not generative:  # GRPO/RLOO validate by generating: the generation phase
+            _validation_pass(t, mask)
     return n_step1, step2, allocator
 
 
@@ -282,11 +386,11 @@ def _validation_pass(t: _Traced, mask) -> None:
 
     spec = t.spec
     b = spec.validation_micro_batch_size
-    batch = _batch(t, b, None if mask is None else mask.new_ones(b, spec.sequence_length))
+    batch = _batch(t, b, mask is not None)
     w = t.tracker.open_window("validation")
     t.run.model.eval()
     with torch.no_grad(), autocast_context(spec, t.dev.type):
-        loss = compute_loss(t.run.model, batch, spec)
+        loss = compute_loss(t.run.model, batch, spec, reference=t.run.state.reference)
     del loss, batch
     t.run.model.train()
     t.tracker.close_window(w)
@@ -309,7 +413,7 @@ def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
     packing = unpacked_sequences() if fake and not getattr(spec.data, "packing", False) else contextlib.nullcontext()
     with t.fake_mode or contextlib.nullcontext(), packing, \
             CudaAutocastRules() if cuda_rules else contextlib.nullcontext():
-        info = register_model(t.tracker, t.run.model, spec, t.nf4)
+        info = register_model(t.tracker, t.run.model, spec, t.nf4, t.run.state.reference)
         n_step1, step2, allocator = _run_two_steps(t)
         attention, kernel = attention_path(t.tracker)
     out = _summary(t, n_step1, step2, attention, kernel, fake)

@@ -59,7 +59,10 @@ def positions_per_s_at(arch: Arch, spec, mfu_value: float, mean_sequence_length:
 
 @dataclass(frozen=True)
 class FlopsPerToken:
-    """Training and forward-only FLOPs per token, with the numbers behind them."""
+    """Training and forward-only FLOPs per token, with the numbers behind them. For the
+    objectives, per token position the policy trains on, the step's other passes shared out:
+    the reference's (and the old policy's, a reward model's) forward and generation's prefill
+    (the decode is bound by memory bandwidth, not FLOPs: decode_seconds_per_position)."""
 
     train: float
     forward: float
@@ -67,13 +70,18 @@ class FlopsPerToken:
     frozen_matmul_params: int
     attention: float
     sequence_length: float
+    extra_passes: float = 0.0
+    """FLOPs per position of the objective's passes without gradient (reference, old
+    log-probs, reward model, generation's prefill), included in train"""
+    extra_how: str = ""
 
     @property
     def formula(self) -> str:
+        extra = (f" + {self.extra_passes:,.0f} ({self.extra_how})" if self.extra_passes else "")
         return (f"6 x {self.trainable_matmul_params:,} trainable + 4 x "
                 f"{self.frozen_matmul_params:,} frozen + {self.attention:,.0f} attention "
-                f"(12 L H Q T at {self.sequence_length:,.0f} tokens) = {self.train:,.0f} "
-                "FLOP/token (PaLM appendix B; active parameters only for MoE)")
+                f"(12 L H Q T at {self.sequence_length:,.0f} tokens){extra} = "
+                f"{self.train:,.0f} FLOP/token (PaLM appendix B; active parameters only for MoE)")
 
 
 def flops_per_token(arch: Arch, spec, sequence_length: float | None = None) -> FlopsPerToken:
@@ -89,7 +97,65 @@ def flops_per_token(arch: Arch, spec, sequence_length: float | None = None) -> F
     attn = 12.0 * arch.num_layers * arch.num_heads * arch.head_dim * seq
     train = 6.0 * trainable + 4.0 * frozen + attn
     forward = 2.0 * (trainable + frozen) + attn / 3
-    return FlopsPerToken(train, forward, trainable, frozen, attn, seq)
+    extra, how = objective_passes(spec, 2.0 * n_matmul + attn / 3, seq)
+    return FlopsPerToken(train + extra, forward, trainable, frozen, attn, seq, extra, how)
+
+
+def objective_passes(spec, forward_per_token: float, seq: float) -> tuple[float, str]:
+    """(FLOPs per trained position, what) of the objective's forwards without gradient: the
+    DPO family's reference forward on both sequences; GRPO's prefill of the prompt (per
+    completion with transformers' generate, once per prompt with vLLM's prefix caching), the
+    reference's (beta > 0), the old policy's (num_iterations > 1) and a reward model's
+    forwards, shared over the num_iterations updates of one generation batch."""
+    from tunepilot.objective import lengths
+
+    o = spec.objective
+    if o.kind == "sft":
+        return 0.0, ""
+    passes: list[tuple[float, str]] = []
+    ref = o.reference_kind(spec.method.kind) not in ("none", "precomputed")
+    if not o.generative:
+        if ref:
+            passes.append((1.0, "the reference's forward"))
+    else:
+        ln = lengths(spec)
+        share = ln.prompt / max(ln.prompt + ln.completion, 1)
+        per = 1.0 if o.generation.backend == "transformers" else 1.0 / o.generations
+        passes.append((share * per, "generation's prefill"))
+        if ref:
+            passes.append((1.0, "the reference's forward"))
+        if o.num_iterations > 1:
+            passes.append((1.0, "the old policy's forward"))
+        if o.reward_model != "none" or o.kind == "ppo":
+            passes.append((1.0, "the reward model's forward"))
+        passes = [(k / o.num_iterations, w) for k, w in passes]  # one batch, mu updates
+    total = sum(k for k, _ in passes) * forward_per_token
+    return total, " + ".join(f"{k:.3g} x forward for {w}" for k, w in passes)
+
+
+def decode_seconds_per_position(arch: Arch, spec, hbm_bytes_per_s: float) -> float:
+    """GRPO/RLOO/PPO's decode, per trained position: each of max_completion_length decode steps
+    reads every weight and the generation batch's KV cache at its mean length (prompt + half
+    the completion) from memory - bound by the card's HBM bandwidth (catalog), not its FLOPs
+    (the bandwidth-bound floor: transformers' generate runs slower, which a pilot measures).
+    A vLLM server decodes every rank's completions at once on its own cards (tensor parallel);
+    each rank waits for it. 0 for objectives that do not generate."""
+    from tunepilot.objective import generation_batch, lengths
+
+    o = spec.objective
+    if not o.generative:
+        return 0.0
+    ln, g = lengths(spec), generation_batch(spec)
+    cb = 4 if spec.precision == "fp32" else 2  # weights and KV cache in the compute dtype
+    kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * cb
+    server = o.generation.backend == "vllm-server"
+    batch = g * spec.parallel.world_size if server else g  # a server decodes every rank's
+    per_step = cb * param_counts(arch).total + batch * kv_per_token * (ln.prompt
+                                                                      + ln.completion / 2)
+    seconds = ln.completion * per_step / hbm_bytes_per_s
+    if server:
+        seconds /= o.generation.server_devices
+    return seconds / (g * ln.sequence) / o.num_iterations  # each rank waits for the decode
 
 
 def active_lora_params(arch: Arch, spec) -> int:

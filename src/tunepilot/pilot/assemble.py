@@ -18,6 +18,7 @@ from tunepilot.results.pilot import (
     DataWait,
     DeviceBlock,
     DeviceMemory,
+    GenerationBlock,
     LossBlock,
     MemoryBlock,
     PerStep,
@@ -53,7 +54,8 @@ def pilot_result(m: Measurements, *, no_steps_why: str | None = None) -> PilotRe
         step_time=_step_time(m, why), split=_split(m, why), data_wait=_data_wait(m, why),
         throughput=_throughput(m, why), mfu=_mfu(m, why), memory=_memory(m),
         validation=_validation(m), loss=_loss(m), per_step=_per_step(m),
-        machine_load=m.load, notes=list(dict.fromkeys(m.notes + m.device.notes + _bf16_note(m)
+        machine_load=m.load, generation=_generation(m),
+        notes=list(dict.fromkeys(m.notes + m.device.notes + _bf16_note(m)
                                                      + _confidence_notes(m))))
 
 
@@ -73,6 +75,7 @@ def run_block(m: Measurements) -> RunBlock:
                     sequence_length=seq,
                     gradient_accumulation_steps=sp.gradient_accumulation_steps,
                     activation_checkpointing=sp.activation_checkpointing, trainer=m.trainer,
+                    objective=sp.objective.kind,
                     tokens_per_optimizer_step=M(sp.tokens_per_optimizer_step, "tokens",
                                                 covers=None if m.trainer == "tunepilot" else
                                                 "at the longest sequence seen"))
@@ -156,6 +159,9 @@ def _split(m: Measurements, why: str) -> Split:
         out.how = m.split_how
         return out
     means = {k: statistics.fmean(getattr(x, k) for x in split) for k in names}
+    gens = [x.generation_s or 0.0 for x in split]
+    if any(gens):
+        means["generation_s"] = statistics.fmean(gens)
     wall = statistics.fmean(x.wall_s for x in split)
     wait = statistics.fmean(x.data_wait_s for x in split)
     return Split(
@@ -168,6 +174,29 @@ def _split(m: Measurements, why: str) -> Split:
             "perf_counter with a device synchronise between forward, backward and the "
             "optimizer step" + (" on every 5th step (it costs two synchronises)" if m.gpu else
                                 " on every step")))
+
+
+def _generation(m: Measurements) -> GenerationBlock | None:
+    """GRPO/RLOO's generation phase: seconds per step, its share of the step, tokens/s."""
+    steps = [x for x in m.steps if x.generation_s is not None]
+    if not steps and m.generation_peak_bytes is None:
+        return None
+    gen = sum(x.generation_s for x in steps)
+    toks = sum(x.generated_tokens or 0 for x in steps)
+    wall = sum(x.wall_s for x in steps)
+    return GenerationBlock(
+        backend=m.generation_how or "transformers' generate (KV cache)",
+        seconds_per_step=M(gen / len(steps) if steps else None, "s", why="no measured steps",
+                           per="step (mean)"),
+        fraction_of_step_time=M(gen / wall if wall else None, "fraction",
+                                why="no measured steps"),
+        generated_tokens_per_s=M(toks / gen if gen else None, "tokens/s",
+                                 why="no measured steps"),
+        peak_bytes=M(m.generation_peak_bytes, "bytes", why="not tracked",
+                     covers="the memory-probe step's generation: weights, optimizer state, "
+                            "the KV cache and the sampling logits"),
+        how="perf_counter around generate (synchronised on a GPU); each step's generation "
+            "batch is micro_batch_size x gradient_accumulation_steps completions")
 
 
 def _data_wait(m: Measurements, why: str) -> DataWait:

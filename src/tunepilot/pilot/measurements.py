@@ -32,6 +32,9 @@ class StepRecord:
     loss: float | None
     samples: int | None = None
     """sequences the step trained on (None: micro_batch_size x accumulation)"""
+    generation_s: float | None = None
+    """GRPO/RLOO: generating the step's completions (None: the step generated nothing)"""
+    generated_tokens: int | None = None
 
 
 @dataclass
@@ -124,6 +127,10 @@ class Measurements:
     """how forward/backward/optimizer were split (None: by the pilot's rule)"""
     losses: tuple[float, float] | None = None
     """(first, last) training loss as the user's trainer logged it (callbacks)"""
+    generation_peak_bytes: int | None = None
+    """the tracked peak while completions were generated (KV cache included), bytes"""
+    generation_how: str | None = None
+    """how generation ran and was timed (backend, what the peak covers)"""
 
     @property
     def gpu(self) -> bool:

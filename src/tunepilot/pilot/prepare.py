@@ -34,7 +34,13 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     from tunepilot.pilot.measurements import Measurements
     from tunepilot.pilot.provenance import collect_provenance
     from tunepilot.pilot.session import PilotOutOfMemory, Session
+    from tunepilot.training import OWN_STEP_OBJECTIVES
 
+    if spec.objective.kind not in OWN_STEP_OBJECTIVES:
+        raise UserError("objective.kind", f"{spec.objective.kind}: tunepilot's own pilot runs "
+                        f"{', '.join(OWN_STEP_OBJECTIVES)}.", "Plan it (`tunepilot plan` "
+                        f"models {spec.objective.kind}), and pilot your own run with "
+                        "TunepilotCallback in its trainer (examples/own-loop).")
     if spec.model.task != "causal-lm":
         raise UserError("model.task", f"{spec.model.task}: tunepilot's own pilot trains causal "
                         "language models.", "Plan it (`tunepilot plan` models the classification "
@@ -89,7 +95,18 @@ def single_device_spec(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     if spec.parallel.strategy == "single":
         return spec, []
     par = dict(spec.parallel.model_dump(), strategy="single", devices=1, nodes=1)
-    return spec.with_changes(parallel=par), [
+    from pydantic import ValidationError
+
+    try:
+        one = spec.with_changes(parallel=par)
+    except ValidationError as exc:  # e.g. num_generations divides N ranks' batch, not one's
+        msg = str(exc.errors(include_url=False)[0].get("msg", exc)).removeprefix(
+            "Value error, ")
+        raise UserError("parallel", f"on one device (the pilot) the spec is not valid: {msg}.",
+                        "Pilot a single-device variant of the spec (e.g. a larger "
+                        "gradient_accumulation_steps), or measure the N-rank run with "
+                        "`tunepilot scale`.") from None
+    return one, [
         f"parallel.strategy is {spec.parallel.strategy} over {spec.parallel.world_size} "
         "devices: the pilot measured the full step on one device (no sharding); "
         "`tunepilot scale` measures the sharded step"]

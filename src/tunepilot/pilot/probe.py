@@ -36,6 +36,12 @@ def probe_step(s) -> StepRecord:
     rec, mem = probe_step_memory(s.run.state, lambda: s.longest_batch, s.pilot_spec, s.tracker,
                                  probe)
     s.step_memory = mem
+    if mem.generation_peak_bytes is not None:
+        s.m.generation_peak_bytes = mem.generation_peak_bytes
+        g = s.pilot_spec.objective.generation
+        s.m.generation_how = "transformers' generate (KV cache)" + (
+            "" if g.backend == "transformers" else f"; the spec's {g.backend} needs a GPU and "
+            "vLLM: its generation is not measured here (the plan computes its reserve)")
     s.log(f"memory probe step: {mem}")
     return rec
 

@@ -154,18 +154,26 @@ def _build(s: Session) -> None:
 
 def _longest(s: Session) -> None:
     """The worst batch: the micro-batch's longest samples, padded as training pads them."""
+    from tunepilot.objective import lengths, prompts_per_generation
+
     spec = s.pilot_spec
-    lb = longest_batch(s.run.dataset, s.data_info, spec.micro_batch_size)
+    generative = spec.objective.generative
+    rows = prompts_per_generation(spec) if generative else spec.micro_batch_size
+    lb = longest_batch(s.run.dataset, s.data_info, rows)
     s.longest_batch = lb
-    s.longest = {"micro_batch_size": int(lb["input_ids"].shape[0]),
-                 "sequence_length": int(lb["input_ids"].shape[1]),
+    seq = int(lb["input_ids"].shape[1])  # a pair's longer reply; a prompt + its completion
+    ln = lengths(spec)
+    s.longest = {"micro_batch_size": spec.micro_batch_size,
+                 "sequence_length": seq + (ln.completion if generative else 0),
                  "useful_tokens": useful_tokens(lb), "padded_tokens": int(lb["input_ids"].numel())}
     if s.longest["sequence_length"] < spec.sequence_length:
         from tunepilot.memory.analytic import analytic_plan
 
         # compare like with like: the plan of the batch the probe step runs
-        s.plan = analytic_plan(spec.with_changes(sequence_length=s.longest["sequence_length"]),
-                               s.arch, s.device.kind)
+        changes: dict = {"sequence_length": s.longest["sequence_length"]}
+        if generative:
+            changes["objective"] = dict(spec.objective.model_dump(), max_prompt_length=seq)
+        s.plan = analytic_plan(spec.with_changes(**changes), s.arch, s.device.kind)
         s.m.notes.append(f"the longest batch is {s.longest['sequence_length']} tokens long "
                        f"(sequence_length {spec.sequence_length}): the plan the pilot is "
                        "compared with is of that length")
@@ -222,6 +230,10 @@ def _validate(s: Session) -> None:
 
     spec = s.pilot_spec
     n = spec.validation.num_batches
+    if spec.objective.generative:
+        s.m.notes.append("no validation pass: GRPO/RLOO evaluate by generating (TRL's eval "
+                         "generates and scores completions); the generation phase is measured")
+        return
     s.progress("validation pass", 0, None)
     vstream = DataStream(make_loader(spec, s.run.dataset, s.data_info, seed=spec.seed + 1,
                                      micro_batch_size=spec.validation_micro_batch_size))
@@ -230,7 +242,8 @@ def _validate(s: Session) -> None:
         s.sync()
         t0 = time.perf_counter()
         with ctx:
-            loss, tokens = evaluate(s.run.model, (vstream.next() for _ in range(n)), spec)
+            loss, tokens = evaluate(s.run.model, (vstream.next() for _ in range(n)), spec,
+                                    s.run.state.reference)
         s.sync()
         dt = time.perf_counter() - t0
     s.m.validation = ValidationPass(seconds=dt, num_batches=n, loss=loss, useful_tokens=tokens)

@@ -56,20 +56,28 @@ class InstrumentedStep:
         with ctx:
             if self.tracker is not None:
                 self.tracker.enter("step")
-            st: StepStats = train_step(state, fetch, self.spec, accumulation=accumulation,
-                                       split_timing=split)
+            st: StepStats = train_step(
+                state, fetch, self.spec, accumulation=accumulation, split_timing=split,
+                phase=self.tracker.enter if self.tracker is not None else None)
         if self.gpu:
             end.record()
             end.synchronize()
             wall = start.elapsed_time(end) / 1e3  # ms -> s
         else:
             wall = st.wall_s
+        generated = self.spec.objective.generative and st.generation_s > 0
+        if self.spec.objective.generative:  # the policy sees prompt + completion
+            from tunepilot.objective import lengths
+
+            seq[0] += lengths(self.spec).completion
         return StepRecord(wall_s=wall, data_wait_s=st.data_wait_s,
                           forward_s=st.forward_s if split else None,
                           backward_s=st.backward_s if split else None,
                           optimizer_s=st.optimizer_s if split else None,
                           useful_tokens=st.useful_tokens, padded_tokens=st.padded_tokens,
-                          sequence_length=seq[0], loss=st.loss)
+                          sequence_length=seq[0], loss=st.loss,
+                          generation_s=st.generation_s if generated else None,
+                          generated_tokens=st.generated_tokens if generated else None)
 
 
 @dataclass
@@ -84,6 +92,7 @@ class StepMemory:
     optimizer_temporary_bytes: int  # the optimizer step's peak beyond its inputs
     peak_bytes: int  # the step's tracked peak (weights and states included)
     start_bytes: int  # live at the start of the step
+    generation_peak_bytes: int | None = None  # GRPO/RLOO: the peak while generating
 
     @property
     def temporary_bytes(self) -> int:
@@ -134,6 +143,7 @@ def probe_step_memory(state: TrainState, batch_fn: Callable[[], Batch], spec: Ru
         optimizer_temporary_bytes=max(0, peaks.get("optimizer", opt_start) - opt_start),
         peak_bytes=tracker.peak_bytes,
         start_bytes=start,
+        generation_peak_bytes=peaks.get("generation"),
     )
     tracker.peak_bytes = max(tracker.peak_bytes, peak_before)
     return rec, mem

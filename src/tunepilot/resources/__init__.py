@@ -1,5 +1,6 @@
 """Data files shipped with tunepilot: the catalog, the cost model and runtime constants, the
-model presets, the demo spec, the tiny text and chat sets and their tokenizers. Code reads them through these paths only."""
+model presets, the demo spec, the tiny text, chat, preference and prompt sets and their
+tokenizers. Code reads them through these paths only."""
 
 from pathlib import Path
 
@@ -15,3 +16,5 @@ TINY_TEXT = TINY_DIR / "train.jsonl"
 TINY_TOKENIZER = TINY_DIR / "tokenizer"
 TINY_CHAT = TINY_DIR / "chat.jsonl"
 TINY_CHAT_TOKENIZER = TINY_DIR / "chat-tokenizer"
+TINY_PREFERENCE = TINY_DIR / "preference.jsonl"  # read with the chat tokenizer
+TINY_PROMPTS = TINY_DIR / "prompts.jsonl"

@@ -56,6 +56,8 @@ class RunBlock(Model):
     gradient_accumulation_steps: int | None = None
     activation_checkpointing: str | None = None
     tokens_per_optimizer_step: Figure = _fig("tokens")
+    objective: str | None = None
+    """what was trained: sft, dpo, grpo, ... (objective.py)"""
     trainer: str | None = None
     """the loop that ran: tunepilot's own, or the user's (transformers.Trainer, Lightning, ...)"""
 
@@ -141,6 +143,8 @@ class Split(Model):
     optimizer_s: Figure = _said("s", "clip, optimizer step, zero_grad, schedule")
     data_wait_s: Figure = _said("s", "waiting on the data loader")
     other_s: Figure = _said("s", "the rest: host-to-device copies, bookkeeping, Python")
+    generation_s: Figure | None = None
+    """GRPO/RLOO: generating the completions (its own phase, before the forward)"""
     num_split_steps: Figure | None = None
     how: str | None = None
 
@@ -308,6 +312,19 @@ class Calibration(Model):
     runtime_overhead_bytes: int | None = None
 
 
+class GenerationBlock(Model):
+    """GRPO/RLOO: the generation phase of the measured steps, timed and tracked on its own."""
+
+    backend: str
+    seconds_per_step: Figure = _fig("s")
+    fraction_of_step_time: Figure = _fig("fraction")
+    generated_tokens_per_s: Figure = _fig("tokens/s")
+    """completion tokens generated / generation seconds"""
+    peak_bytes: Figure = _fig("bytes")
+    """the tracked peak while generating (weights, optimizer state, KV cache, logits)"""
+    how: str | None = None
+
+
 class MachineLoad(Model):
     """How busy the machine was while steps were measured (a loaded machine measures slow)."""
 
@@ -358,6 +375,8 @@ class PilotResult(StageResult):
     find_max_batch: MaxBatchSearch | None = None
     per_step: PerStep = Field(default_factory=PerStep)
     machine_load: MachineLoad | None = None
+    generation: GenerationBlock | None = None
+    """GRPO/RLOO: the generation phase (absent for objectives that generate nothing)"""
     watched: Watched | None = None
     notes: list[str] = Field(default_factory=list)
     plan_vs_measured: PlanVsMeasured | None = None

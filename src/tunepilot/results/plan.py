@@ -101,6 +101,11 @@ class CardFit(Model):
     devices_needed: DevicesNeeded
     max_micro_batch: int
     max_sequence_length: int
+    peak_phase: str | None = None
+    """the phase that sets this card's device peak (with vLLM's colocated reserve, if any)"""
+    generation_reserve_bytes: int = 0
+    """vLLM colocated: gpu_memory_utilization x this card's memory, outside PyTorch's
+    allocator (computed: vLLM's allocator does not run on a CPU)"""
 
 
 class MemoryPlan(StageResult):

@@ -58,6 +58,12 @@ def _steps(d: PilotResult) -> None:
     console.print(f"throughput: [bold]{fmt_rate(tp.useful_tokens_per_s.value, 'tokens/s')} "
                   f"useful[/bold], {fmt_rate(tp.padded_tokens_per_s.value, 'tokens/s')} padded "
                   f"(useful fraction {fig(tp.useful_fraction)});  MFU {mfu_text}")
+    g = d.generation
+    if g is not None:
+        console.print(f"generation ({g.backend}): {fig(g.seconds_per_step)} per step "
+                      f"({fig(g.fraction_of_step_time)} of it), "
+                      f"{fmt_rate(g.generated_tokens_per_s.value, 'tokens/s')} generated; "
+                      f"tracked peak while generating {fig(g.peak_bytes)}")
 
 
 def _memory(d: PilotResult) -> None:

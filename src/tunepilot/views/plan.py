@@ -20,10 +20,14 @@ def render_plan(plan: MemoryPlan, spec, headroom: float) -> None:
     console.print(f"params: total {p.total:,}  trainable {p.trainable:,}  frozen {p.frozen:,}   "
                   f"method {spec.method.kind}, {spec.precision}, optimizer {spec.optimizer.name} "
                   f"({optimizer_state_label(spec)})")
-    console.print(f"tokens: micro-batch {spec.micro_batch_size} x seq {spec.sequence_length} = "
+    rows = spec.objective.sequences_per_sample
+    pairs = f" pairs x {rows} (chosen, rejected)" if rows > 1 else ""
+    console.print(f"tokens: micro-batch {spec.micro_batch_size}{pairs} x seq "
+                  f"{spec.sequence_length} = "
                   f"{plan.tokens_per_micro_batch:,} tokens; x {spec.gradient_accumulation_steps} "
                   f"accumulation x {plan.world_size} rank(s) = {plan.tokens_per_optimizer_step:,} "
                   f"tokens per optimizer step ({plan.strategy})")
+    _objective(spec)
     _components(plan)
     _timeline(plan)
     console.print(
@@ -40,6 +44,29 @@ def render_plan(plan: MemoryPlan, spec, headroom: float) -> None:
                       f"{fmt_bytes(diff['analytic_bytes'])} analytic - {escape(diff['why'])}")
     if plan.assumptions:
         console.print("assumes: " + escape("; ".join(plan.assumptions)))
+
+
+def _objective(spec) -> None:
+    """The objective's arithmetic, when it is not SFT: lengths, reference, generation."""
+    from tunepilot.objective import generation_batch, lengths, useful_unit
+
+    o = spec.objective
+    if o.kind == "sft":
+        return
+    ln, unit = lengths(spec), useful_unit(spec)
+    ref = o.reference_kind(spec.method.kind)
+    parts = [f"objective {o.kind} (loss {o.effective_loss_type}, beta "
+             f"{fmt_number(o.effective_beta)})", f"prompt {ln.prompt:,} + completion "
+             f"{ln.completion:,} tokens", f"reference: {ref}"]
+    if o.generative:
+        g = o.generation
+        backend = g.backend + (f" at {g.gpu_memory_utilization:g} of the card"
+                               + (", sleep mode" if g.sleep_mode else "")
+                               if g.backend == "vllm-colocate" else "")
+        parts.append(f"{o.generations} completions per prompt, {generation_batch(spec):,} "
+                     f"generated at once per device ({backend})")
+    parts.append(f"useful unit: {unit.how}")
+    console.print("; ".join(parts))
 
 
 def _components(plan: MemoryPlan) -> None:
@@ -86,6 +113,7 @@ def _fit(plan: MemoryPlan, headroom: float) -> None:
             "max micro-batch", "max seq len"]
     t = table(f"Fit per card (headroom {headroom:.0%}; capacity as the device reports it, sold "
               "in GB = 10^9 bytes)", cols, cols[1:])
+    reserved = [r for r in plan.cards if r.generation_reserve_bytes]
     for row in plan.cards:
         need = row.devices_needed
         t.add_row(row.card, fmt_bytes(row.capacity_bytes, decimal=True),
@@ -94,6 +122,11 @@ def _fit(plan: MemoryPlan, headroom: float) -> None:
                   cell(need.fsdp) if need.fsdp else ">1024", cell(row.max_micro_batch),
                   cell(row.max_sequence_length))
     console.print(t)
+    for row in reserved:
+        console.print(f"{row.card}: device peak {fmt_bytes(row.device_peak_bytes)} = "
+                      f"{escape(row.peak_phase or '')} - vLLM reserves "
+                      f"{fmt_bytes(row.generation_reserve_bytes)} of this card (COMPUTED: "
+                      "vLLM's allocator does not run on a CPU)")
 
 
 def render_rows(title: str, columns: list[str], rows: list[dict]) -> None:

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from tunepilot.views.common import console, notes, table
 
-_NAMES = {"axolotl": "an axolotl", "llamafactory": "a LLaMA-Factory", "trl": "a TRL `trl sft`",
+_NAMES = {"axolotl": "an axolotl", "llamafactory": "a LLaMA-Factory", "trl": "a TRL `trl CMD`",
           "hf": "a TrainingArguments"}
 
 
@@ -22,6 +22,9 @@ def render_import(result, out: Path | None) -> None:
     if result.defaults:
         console.print("read, spec default kept (off/empty in the config): "
                       + escape(", ".join(result.defaults)))
+    if result.no_effect:
+        console.print("read, no effect on memory or time: "
+                      + escape(", ".join(result.no_effect)))
     if result.ignored:
         console.print("ignored (not modelled): " + escape(", ".join(result.ignored)))
     for n in result.notes:

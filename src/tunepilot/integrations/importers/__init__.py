@@ -32,6 +32,9 @@ class ImportOptions:
     """plan with synthetic tokens instead of the config's dataset"""
     devices: int | None = None
     """GPUs per node for a DDP/FSDP/DeepSpeed config (the launcher decides; default 8)"""
+    objective: str | None = None
+    """the trainer a TRL config is for (`trl dpo|grpo|... --config`: the file does not say);
+    None: guessed from its keys"""
 
 
 def read_config(path: Path) -> dict:
@@ -96,9 +99,11 @@ def import_config(path: Path, source: str | None = None,
     spec_dict = {"name": f"{name}", **m.spec}
     spec = spec_from_dict(spec_dict, source=f"{path.name} (imported from {source})")
     _check_lora_targets(m, spec, path)
-    defaults = [k for k in raw if k in m.used and k not in m.mapped]
+    defaults = [k for k in raw if k in m.used and k not in m.mapped
+                and k not in m.no_effect_keys]
+    no_effect = [k for k in raw if k in m.no_effect_keys and k not in m.mapped]
     return ImportResult(source, str(path), spec_dict, dict(m.mapped), ignored, defaults, m.notes,
-                        spec)
+                        spec, no_effect)
 
 
 def _check_lora_targets(m: Mapper, spec, path: Path) -> None:

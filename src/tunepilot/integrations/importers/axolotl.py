@@ -1,5 +1,12 @@
 """axolotl YAML (examples/*/lora-8b.yml and friends) -> a tunepilot spec.
 
+``rl: dpo|ipo|orpo|simpo|kto|grpo`` trains that objective (axolotl builds TRL's trainer):
+``rl_beta`` (``orpo_alpha`` for ORPO) is its beta, ``sequence_len`` each sequence's max_length,
+``max_prompt_len`` the prompt (axolotl's default for GRPO: sequence_len), the ``trl:`` block
+GRPO's generation (num_generations, max_completion_length, use_vllm, vllm_mode, ...) and the
+``vllm:`` block its server; ``rl_adapter_ref_model`` loads a reference copy instead of
+disabling the adapters, ``precompute_ref_log_probs`` precomputes it.
+
 axolotl loads the model in bf16 when ``bf16``/``bfloat16`` is set, so a full fine-tune trains
 bf16 weights with bf16 optimizer state (``bf16-true``); LoRA keeps fp32 adapters under autocast
 (``bf16-mixed``, a bf16 base). ``train_on_inputs: false`` (the default) trains the completions.
@@ -19,6 +26,7 @@ from tunepilot.integrations.importers.common import (
     scheduler,
     truthy,
 )
+from tunepilot.integrations.importers.objectives import set_kind, trl_keys
 
 SOURCE = "axolotl"
 MAPPED = {"base_model", "base_model_config", "adapter", "load_in_4bit", "load_in_8bit", "lora_r",
@@ -28,8 +36,14 @@ MAPPED = {"base_model", "base_model_config", "adapter", "load_in_4bit", "load_in
           "weight_decay", "warmup_steps", "bf16", "fp16", "bfloat16", "float16", "tf32",
           "gradient_checkpointing", "datasets", "train_on_inputs", "chat_template", "fsdp",
           "fsdp_config", "deepspeed", "seed", "tokenizer_config", "torch_compile", "val_set_size",
-          "eval_steps", "evals_per_epoch", "eval_batch_size", "activation_offloading", "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant"}
-KNOWN = MAPPED | {
+          "eval_steps", "evals_per_epoch", "eval_batch_size", "activation_offloading",
+          "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant", "rl", "rl_beta",
+          "orpo_alpha", "rl_adapter_ref_model", "precompute_ref_log_probs", "max_prompt_len",
+          "trl", "vllm"}
+NO_EFFECT = {"rpo_alpha", "simpo_gamma", "cpo_alpha", "kto_desirable_weight",
+             "kto_undesirable_weight", "dpo_use_weighting", "dpo_label_smoothing",
+             "dpo_norm_loss", "dpo_use_logits_to_keep", "use_wandb"}
+KNOWN = MAPPED | NO_EFFECT | {
     "model_type", "tokenizer_type", "trust_remote_code", "strict", "dataset_prepared_path",
     "output_dir", "pad_to_sequence_len", "lora_model_dir", "lora_fan_in_fan_out", "wandb_project",
     "wandb_entity", "wandb_watch", "wandb_name", "wandb_log_model", "group_by_length",
@@ -94,6 +108,7 @@ def convert(m: Mapper) -> None:
         m.set("activation_offloading", True, "activation_offloading")
     _parallel(m)
     _kernels(m)
+    _objective(m)
     _data(m)
     _target(m)
 
@@ -174,6 +189,75 @@ def _unfrozen(m: Mapper) -> None:
                "modelled (only embed_tokens / lm_head are: trained in full)")
 
 
+_RL = {"dpo": "dpo", "ipo": "ipo", "orpo": "orpo", "simpo": "simpo", "kto": "kto",
+       "grpo": "grpo"}
+
+
+def _objective(m: Mapper) -> None:
+    """rl: and its keys -> objective.*; sequence_len stays each sequence's length (pairs) or
+    becomes prompt + completion (GRPO)."""
+    rl = m.get("rl")
+    m.no_effect(*NO_EFFECT)
+    if rl in (None, "", False):
+        return
+    kind = _RL.get(str(rl).lower())
+    if kind is None:
+        m.fail("rl", f"{rl!r} is not an objective tunepilot models.",
+               f"Use one of {', '.join(_RL)} (axolotl's RLType).")
+    set_kind(m, kind, "rl")
+    beta = m.get("orpo_alpha") if kind == "orpo" and m.has("orpo_alpha") else m.get("rl_beta")
+    if beta is not None:
+        m.set("objective.beta", float(beta), "rl_beta", "orpo_alpha")
+    if truthy(m.get("rl_adapter_ref_model")) and kind not in ("orpo", "simpo"):
+        m.set("objective.reference", "copy", "rl_adapter_ref_model")
+    if truthy(m.get("precompute_ref_log_probs")):
+        m.set("objective.reference", "precomputed", "precompute_ref_log_probs")
+    block = m.get("trl") or {}
+    if not isinstance(block, dict):
+        m.fail("trl", "is not a mapping of TRL trainer settings.")
+    vllm = m.get("vllm") or {}
+    server = truthy(block.get("use_vllm")) and not block.get("vllm_mode")
+
+    def get(key: str):
+        """trl: keys as TRL reads them; axolotl serves vLLM (vllm-serve) unless vllm_mode."""
+        if key == "vllm_mode" and server:
+            return "server"
+        if key == "vllm_tensor_parallel_size" and server and isinstance(vllm, dict):
+            return (vllm.get("tensor_parallel_size") or 1) * (vllm.get("data_parallel_size")
+                                                              or 1)
+        return block.get(key)
+
+    trl_keys(m, kind, get=get)
+    if server:
+        m.mapped["vllm"] = "objective.generation.server_devices"
+        m.note("trl.use_vllm without vllm_mode: axolotl serves vLLM on cards of its own "
+               "(`axolotl vllm-serve`): vllm.tensor_parallel_size x data_parallel_size of them")
+    if block:
+        m.mapped["trl"] = "objective"
+    prompt = number(m, "max_prompt_len")
+    seq = m.spec.get("sequence_length", 2048)
+    o = m.spec.setdefault("objective", {})
+    if kind == "grpo":
+        _grpo(m, o, prompt or seq)
+    elif prompt is not None and prompt < seq:
+        m.set("objective.max_prompt_length", prompt, "max_prompt_len")
+
+
+def _grpo(m: Mapper, o: dict, prompt: int) -> None:
+    """axolotl's GRPO: max_prompt_length = max_prompt_len or sequence_len, the completion from
+    trl.max_completion_length."""
+    c = o.get("max_completion_length") or 256
+    if "max_completion_length" not in o:
+        o["max_completion_length"] = c
+        m.note("trl.max_completion_length not set: 256 assumed (axolotl's GRPO examples)")
+    o["max_prompt_length"] = int(prompt)
+    m.spec["sequence_length"] = int(prompt) + int(c)
+    m.used.add("max_prompt_len")
+    m.note(f"sequence_length {int(prompt) + int(c)} = prompt {prompt} (max_prompt_len, else "
+           f"sequence_len) + completion {c}")
+
+
+
 def _method(m: Mapper) -> None:
     adapter = m.get("adapter")
     four, eight = truthy(m.get("load_in_4bit")), truthy(m.get("load_in_8bit"))
@@ -249,6 +333,11 @@ def _data(m: Mapper) -> None:
         path = path[0]
     kind = str(d.get("type") or "")
     fmt, fields = _format(m, kind, d)
+    objective = (m.spec.get("objective") or {}).get("kind")
+    if objective in ("dpo", "ipo", "orpo", "simpo"):
+        fmt, fields = "preference", _pair_fields(d)
+    elif objective == "grpo":
+        fmt, fields = "prompt", {}
     tok = opts.tokenizer or m.get("tokenizer_config")
     data = local_data(m, str(path), fmt=fmt, fields=fields, tokenizer=tok, key="datasets")
     if data is None:
@@ -267,6 +356,13 @@ def _data(m: Mapper) -> None:
     if truthy(m.get("sample_packing")):
         data["packing"] = True
     m.set("data", data, "datasets", "train_on_inputs", "chat_template", "sample_packing")
+
+
+def _pair_fields(d: dict) -> dict:
+    """axolotl's chat_template preference type names its fields (field_chosen, ...)."""
+    out = {"prompt_field": d.get("field_prompt"), "chosen_field": d.get("field_chosen"),
+           "rejected_field": d.get("field_rejected"), "messages_field": d.get("field_messages")}
+    return {k: v for k, v in out.items() if v}
 
 
 def _format(m: Mapper, kind: str, d: dict) -> tuple[str | None, dict]:

@@ -45,11 +45,13 @@ class ImportResult:
     defaults: list[str] = field(default_factory=list)  # read; their value is the spec's default
     notes: list[str] = field(default_factory=list)
     spec: Any = None  # the validated RunSpec
+    no_effect: list[str] = field(default_factory=list)
+    """read, and known not to change memory or time (loss coefficients, sampling, logging)"""
 
     def to_dict(self) -> dict:
         return {"source": self.source, "path": self.path, "spec": self.spec_dict,
                 "mapped": self.mapped, "ignored": self.ignored,
-                "defaults": self.defaults, "notes": self.notes}
+                "defaults": self.defaults, "notes": self.notes, "no_effect": self.no_effect}
 
 
 class Mapper:
@@ -61,6 +63,8 @@ class Mapper:
         self.spec: dict = {}
         self.mapped: dict[str, str] = {}
         self.notes: list[str] = []
+        self.no_effect_keys: set[str] = set()
+        self.options = None
 
     def get(self, key: str, default: Any = None) -> Any:
         self.used.add(key)
@@ -91,6 +95,13 @@ class Mapper:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def no_effect(self, *keys: str) -> None:
+        """Keys read and known not to change memory or time."""
+        for k in keys:
+            self.used.add(k)
+            if k in self.raw and k not in self.mapped:
+                self.no_effect_keys.add(k)
 
     def fail(self, key: str | None, message: str, hint: str | None = None,
              error: type[UserError] = UserError) -> None:
@@ -285,6 +296,8 @@ def _peek_format(p: Path, source: str, fields: dict) -> str | None:
         return None
     if not isinstance(first, dict):
         return None
+    if "chosen" in first and "rejected" in first:
+        return "preference"
     if fields.get("messages_field", "messages") in first or "conversations" in first:
         return "messages"
     if fields.get("prompt_field", "prompt") in first:

@@ -4,6 +4,12 @@ LLaMA-Factory loads the model in bf16 under ``bf16: true`` and casts the trainab
 fp32 unless ``pure_bf16`` (so full and LoRA runs are ``bf16-mixed``; ``pure_bf16`` is
 ``bf16-true``); it checkpoints activations unless ``disable_gradient_checkpointing``; it trains
 the responses unless ``train_on_prompt``. Datasets are names in ``dataset_dir/dataset_info.json``.
+
+``stage: dpo`` trains the DPO family (``pref_loss`` sigmoid, hinge, ipo, orpo, simpo;
+``pref_beta``), ``kto`` KTO, ``rm`` a reward model (a value head on the last token), ``ppo``
+PPO (generation with transformers' generate, a reference and a reward model: ``reward_model_type``
+lora is an adapter on the same base, full a second model). The reference of a LoRA run is the
+base with the adapters disabled unless ``ref_model`` names one (a copy).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from tunepilot.integrations.importers.common import (
     scheduler,
     truthy,
 )
+from tunepilot.integrations.importers.objectives import set_kind
 
 SOURCE = "llamafactory"
 MAPPED = {"model_name_or_path", "finetuning_type", "quantization_bit", "lora_rank", "lora_alpha",
@@ -31,8 +38,14 @@ MAPPED = {"model_name_or_path", "finetuning_type", "quantization_bit", "lora_ran
           "lr_scheduler_type", "warmup_steps", "weight_decay", "bf16", "fp16", "pure_bf16",
           "disable_gradient_checkpointing", "optim", "deepspeed", "dataset", "dataset_dir",
           "template", "train_on_prompt", "packing", "neat_packing", "max_samples", "seed",
-          "double_quantization", "stage", "do_train", "quantization_method"}
-KNOWN = MAPPED | {
+          "double_quantization", "stage", "do_train", "quantization_method", "pref_beta",
+          "pref_loss", "ref_model", "reward_model_type", "ppo_epochs", "max_new_tokens"}
+NO_EFFECT = {"pref_ftx", "pref_bco_weight", "dpo_label_smoothing", "simpo_gamma",
+             "kto_chosen_weight", "kto_rejected_weight", "ld_alpha", "ppo_buffer_size",
+             "ppo_score_norm", "ppo_target", "ppo_whiten_rewards", "ppo_logger", "top_p",
+             "top_k", "temperature", "do_sample", "repetition_penalty", "reward_model_adapters", "reward_model_quantization_bit", "ref_model_adapters",
+             "ref_model_quantization_bit", "num_beams", "length_penalty"}
+KNOWN = MAPPED | NO_EFFECT | {
     "trust_remote_code", "overwrite_cache", "preprocessing_num_workers", "dataloader_num_workers",
     "output_dir", "logging_steps", "save_steps", "plot_loss", "overwrite_output_dir",
     "save_only_model", "report_to", "warmup_ratio", "ddp_timeout", "resume_from_checkpoint",
@@ -55,10 +68,8 @@ def convert(m: Mapper) -> None:
     m.set("model", model_source(m, "model_name_or_path", m.get("model_name_or_path")),
           "model_name_or_path")
     m.used.update({"stage", "do_train"})
-    if m.get("stage", "sft") not in ("sft", "pt"):
-        m.note(f"stage {m.get('stage')!r}: planned as supervised fine-tuning (one model; a "
-               "reward or reference model is not counted)")
     _method(m)
+    _objective(m)
     for key, dotted, kind in (("cutoff_len", "sequence_length", int),
                               ("per_device_train_batch_size", "micro_batch_size", int),
                               ("per_device_eval_batch_size", "validation.micro_batch_size", int),
@@ -72,6 +83,10 @@ def convert(m: Mapper) -> None:
     if not m.has("cutoff_len"):
         m.set("sequence_length", 2048, "cutoff_len")
         m.note("cutoff_len not set: LLaMA-Factory's default 2048")
+    o = m.spec.get("objective") or {}
+    if o.get("kind") == "ppo":  # the prompt is cut at cutoff_len; the policy sees + completion
+        o["max_prompt_length"] = m.spec["sequence_length"]
+        m.spec["sequence_length"] += o["max_completion_length"]
     optimizer(m, "optim", m.get("optim"))
     scheduler(m, "lr_scheduler_type", m.get("lr_scheduler_type"))
     if truthy(m.get("pure_bf16")):
@@ -96,6 +111,62 @@ def convert(m: Mapper) -> None:
         m.set("target.epochs", epochs, "num_train_epochs")
     elif epochs:
         m.note(f"num_train_epochs {epochs:g} not mapped: synthetic data has no epochs")
+
+
+_PREF_LOSS = {"sigmoid": ("dpo", "sigmoid"), "hinge": ("dpo", "hinge"), "ipo": ("ipo", "ipo"),
+              "kto_pair": ("dpo", "sigmoid"), "bco_pair": ("dpo", "bco_pair"),
+              "orpo": ("orpo", None), "simpo": ("simpo", None)}
+
+
+def _objective(m: Mapper) -> None:
+    """stage: dpo|kto|rm|ppo -> objective.*; pref_beta its beta, pref_loss the DPO family's
+    loss (orpo, simpo: no reference model, as LLaMA-Factory's use_ref_model)."""
+    m.no_effect(*NO_EFFECT)
+    stage = str(m.get("stage", "sft"))
+    if stage in ("sft", "pt"):
+        return
+    if stage not in ("dpo", "kto", "rm", "ppo"):
+        m.fail("stage", f"{stage!r} is not one of pt, sft, rm, ppo, dpo, kto.",
+               "tunepilot models these LLaMA-Factory stages.")
+    if stage == "dpo":
+        loss = str(m.get("pref_loss", "sigmoid"))
+        if loss not in _PREF_LOSS:
+            m.fail("pref_loss", f"{loss!r} is not one of {', '.join(_PREF_LOSS)}.")
+        kind, loss_type = _PREF_LOSS[loss]
+        set_kind(m, kind, "stage", "pref_loss")
+        if loss_type and loss_type != "sigmoid":
+            m.set("objective.loss_type", loss_type, "pref_loss")
+        if loss == "kto_pair":
+            m.note("pref_loss kto_pair: planned as DPO's sigmoid loss (the same pairs and "
+                   "reference forward)")
+        m.note("LLaMA-Factory's DPO upcasts all the logits to fp32 before the log-softmax: "
+               "planned with TRL's row-by-row log-probs (the kept fp32 log-softmax is the same; "
+               "its forward transient is about one fp32 copy of the logits smaller)")
+    else:
+        set_kind(m, {"kto": "kto", "rm": "reward", "ppo": "ppo"}[stage], "stage")
+    if stage != "rm" and (m.has("pref_beta") or stage == "dpo"):
+        m.set("objective.beta", float(number(m, "pref_beta", float) or 0.1), "pref_beta")
+    if m.has("ref_model") and stage in ("dpo", "kto", "ppo"):
+        m.set("objective.reference", "copy", "ref_model")
+    if stage == "rm":
+        m.note("stage rm: LLaMA-Factory's value head on the causal LM, planned as a "
+               "sequence-classification head (its LM logits are computed and not trained: "
+               "not counted)")
+    if stage == "ppo":
+        _ppo(m)
+
+
+def _ppo(m: Mapper) -> None:
+    rtype = str(m.get("reward_model_type", "lora"))
+    m.set("objective.reward_model", {"lora": "adapter", "full": "copy"}.get(rtype, "none"),
+          "reward_model_type", "reward_model")
+    epochs = number(m, "ppo_epochs")
+    m.set("objective.num_iterations", epochs or 4, "ppo_epochs")  # LLaMA-Factory's default 4
+    new = number(m, "max_new_tokens")
+    c = new or 1024  # GeneratingArguments.max_new_tokens
+    m.set("objective.max_completion_length", c, "max_new_tokens")
+    m.note(f"stage ppo: one completion per prompt by transformers' generate, up to {c} new "
+           "tokens (max_new_tokens); cutoff_len is the prompt")
 
 
 def _method(m: Mapper) -> None:
@@ -172,7 +243,16 @@ def _data(m: Mapper) -> None:
                "with a file_name in dataset_info.json.", "Add a local copy there, or pass "
                "--data synthetic.")
     cols = entry.get("columns") or {}
-    if entry.get("formatting") == "sharegpt":
+    kind = (m.spec.get("objective") or {}).get("kind", "sft")
+    if kind in ("dpo", "ipo", "orpo", "simpo", "reward"):
+        fmt = "preference"
+        fields = {"chosen_field": cols.get("chosen", "chosen"),
+                  "rejected_field": cols.get("rejected", "rejected"),
+                  "prompt_field": cols.get("prompt", "instruction"),
+                  "messages_field": cols.get("messages", "conversations")}
+        if entry.get("formatting") == "sharegpt":
+            fields.pop("prompt_field")
+    elif entry.get("formatting") == "sharegpt":
         fmt, fields = "messages", {"messages_field": cols.get("messages", "conversations")}
     else:
         fmt, fields = "prompt-completion", {"prompt_field": cols.get("prompt", "instruction"),
@@ -182,6 +262,8 @@ def _data(m: Mapper) -> None:
     rel = str((info_dir / entry["file_name"]).relative_to(m.path.parent)) \
         if (info_dir / entry["file_name"]).is_relative_to(m.path.parent) else \
         str(info_dir / entry["file_name"])
+    if kind == "ppo":
+        fmt = "prompt"
     data = local_data(m, rel, fmt=fmt, fields=fields, tokenizer=m.options.tokenizer,
                       key="dataset")
     data["train_on"] = "all" if truthy(m.get("train_on_prompt")) else "completions"

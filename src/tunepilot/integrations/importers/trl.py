@@ -1,6 +1,8 @@
-"""`trl sft --config FILE` YAML (ScriptArguments + SFTConfig + ModelConfig in one file), and a
-file of Hugging Face TrainingArguments fields (as HfArgumentParser.parse_json_file reads it) plus
-PEFT LoraConfig and BitsAndBytesConfig fields -> a tunepilot spec.
+"""`trl sft|dpo|kto|reward|grpo|rloo --config FILE` YAML (ScriptArguments + the trainer's config
++ ModelConfig in one file), and a file of Hugging Face TrainingArguments fields (as
+HfArgumentParser.parse_json_file reads it) plus PEFT LoraConfig and BitsAndBytesConfig fields ->
+a tunepilot spec. The file does not name its trainer: `import --objective KIND` does, else its
+keys tell (objectives.guess_trl_kind: generation keys -> grpo, beta -> dpo, ...).
 
 TRL's SFTConfig defaults (TRL >= 0.20): max_length 1024, bf16 on, gradient checkpointing on,
 completion-only loss for prompt-completion data, every token of messages data unless
@@ -21,6 +23,13 @@ from tunepilot.integrations.importers.common import (
     optimizer,
     scheduler,
     truthy,
+)
+from tunepilot.integrations.importers.objectives import (
+    TRL_OBJECTIVE_KNOWN,
+    guess_trl_kind,
+    objective_lengths,
+    set_kind,
+    trl_keys,
 )
 
 TRAINING_ARGS = {
@@ -56,7 +65,7 @@ PEFT_BNB = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type", "b
             "max_seq_length", "max_length", "train_file", "dataset_name", "model_name_or_path",
             "torch_dtype", "dtype", "use_peft", "lora_r", "block_size", "use_dora", "use_rslora",
             "attn_implementation"}
-TRL_KNOWN = TRAINING_ARGS | MODEL_ARGS | SFT_ARGS
+TRL_KNOWN = TRAINING_ARGS | MODEL_ARGS | SFT_ARGS | TRL_OBJECTIVE_KNOWN
 HF_KNOWN = TRAINING_ARGS | PEFT_BNB
 
 
@@ -70,7 +79,8 @@ def looks_like_trl(raw: dict) -> bool:
     return "model_name_or_path" in raw and not any(k in raw for k in _PEFT_FIELDS) and any(
         k in raw for k in ("dataset_name", "datasets", "max_length", "use_peft", "packing",
                            "dataset_text_field", "assistant_only_loss", "completion_only_loss",
-                           "lora_r"))
+                           "lora_r", "beta", "num_generations", "use_vllm",
+                           "max_completion_length"))
 
 
 def looks_like_hf(raw: dict) -> bool:
@@ -85,9 +95,23 @@ def convert_trl(m: Mapper) -> None:
     _training(m, trl=True)
     _kernels(m, trl=True)
     seq = number(m, "max_length") or number(m, "max_seq_length")
-    m.set("sequence_length", seq or 1024, "max_length", "max_seq_length")
-    if not seq:
-        m.note("max_length not set: SFTConfig's default 1024")
+    kind = (m.options.objective if m.options else None) or guess_trl_kind(m.raw) or "sft"
+    if kind != "sft":
+        set_kind(m, kind)
+        if not (m.options and m.options.objective):
+            m.note(f"read as `trl {kind}`'s config (from its keys; pass --objective to say "
+                   "which trainer it is for)")
+        trl_keys(m, kind)
+        objective_lengths(m, kind, seq, 1024)
+        m.used.update({"max_length", "max_seq_length"})
+        if kind in ("dpo", "ipo", "grpo", "rloo", "kto"):
+            m.note("TRL >= 1.0 takes log-probs with a fused, chunked LM head (the logits are "
+                   "never all alive): planned as the full-logits path of TRL 0.x, axolotl and "
+                   "LLaMA-Factory (an upper bound); set chunked_loss: true for TRL's")
+    else:
+        m.set("sequence_length", seq or 1024, "max_length", "max_seq_length")
+        if not seq:
+            m.note("max_length not set: SFTConfig's default 1024")
     _data(m, m.get("dataset_name") or _mixture_path(m), trl=True)
 
 
@@ -237,7 +261,10 @@ def _data(m: Mapper, path, *, trl: bool) -> None:
             m.note(f"num_train_epochs {epochs:g} not mapped: synthetic data has no epochs")
         return
     text_field = m.get("dataset_text_field")
-    data = local_data(m, str(path), fmt=None, fields={"text_field": text_field},
+    kind = (m.spec.get("objective") or {}).get("kind", "sft")
+    fmt = "prompt" if kind in ("grpo", "rloo") else ("preference" if kind in (
+        "dpo", "ipo", "orpo", "simpo", "cpo", "reward") else None)
+    data = local_data(m, str(path), fmt=fmt, fields={"text_field": text_field},
                       tokenizer=m.options.tokenizer, key="dataset_name")
     if data is None:
         m.data_unavailable("dataset_name", f"{path!r} is not a local file or directory (a hub dataset): "
