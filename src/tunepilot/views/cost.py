@@ -24,14 +24,14 @@ def _value(f: Figure) -> str:
     return fig(f, decimal_bytes=True)
 
 
-def _spot_cells(q: Quote) -> tuple[str, str]:
+def _spot_cell(q: Quote) -> str:
     s = q.spot
     if s is None:
-        return "-", "- (no spot rate)"
+        return "- / no spot rate"
     if not s.finishes:
-        return usd(s.on_demand_cost_cents), "does not finish"
-    return usd(s.on_demand_cost_cents), (f"{usd(s.expected_cost_cents)} "
-                                          f"({s.overhead_fraction:+.0%} vs naive)")
+        return f"{usd(s.on_demand_cost_cents)} / does not finish"
+    return (f"{usd(s.on_demand_cost_cents)} / {usd(s.expected_cost_cents)} "
+            f"({s.overhead_fraction:+.0%} vs naive spot)")
 
 
 def render_term(term: TermCost, title: str) -> None:
@@ -180,10 +180,11 @@ def render_compare(c: Comparison) -> None:
     t = _table(f"{c.spec_label}: every card x count that fits, by cost per million useful tokens "
                "(cheapest term covering the job + safety margin)",
                ["#", "card", "count", "strategy", "useful tokens/s", "time to finish", "term",
-                "term cost", "$/M tokens (term)", "$/M tokens (job)", "on-demand job",
-                "spot expected", "binds", "terms measured"],
+                "term cost", "$/M tokens (term)", "$/M tokens (job)",
+                "job: on-demand / spot expected", "binds", "terms measured"],
                ("#", "count", "useful tokens/s", "term cost", "$/M tokens (term)",
-                "$/M tokens (job)", "on-demand job", "spot expected"))
+                "$/M tokens (job)", "job: on-demand / spot expected"))
+    t.columns[1].no_wrap = True
     for rank, q in enumerate(c.rows, 1):
         f = q.throughput.total
         mfu = q.throughput.per_card.extra("mfu") or {}
@@ -194,15 +195,15 @@ def render_compare(c: Comparison) -> None:
                   f"({q.job_s.basis[0]})", f"{q.term.term_s / 3600:,.2f} h"
                   + (f" ({q.term.discount_term})" if q.term.discount_term else ""),
                   usd(q.term.total_cents), fmt_usd(q.cost_per_million_term_usd),
-                  fmt_usd(q.cost_per_million_job_usd), *_spot_cells(q),
+                  fmt_usd(q.cost_per_million_job_usd), _spot_cell(q),
                   q.host.binds if q.host else "-",
                   f"{sum(t.total.is_measured for t in q.time_terms)}/{len(q.time_terms)}")
     console.print(t)
     console.print("(m) measured on that card, (p) projected (see `tunepilot quote ... ` for the "
                   "rule behind each figure); MFU published / derived / assumed: what the "
                   "projected throughput rests on (resources/throughput_model.yaml). Prices are "
-                  "the catalog's. On-demand job: the job alone at the on-demand rate; spot "
-                  "expected: with its interruptions priced, checkpointing every T (quote shows "
+                  "the catalog's. Job: the job alone at the on-demand rate / on spot with its "
+                  "interruptions priced, checkpointing every T (quote shows "
                   "T and the spread); binds: the resource nearest its limit.")
     for r in c.refused:
         console.print(f"[red]not ranked[/red] {r.card}: {escape(r.reason)}")
