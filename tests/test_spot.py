@@ -21,7 +21,14 @@ from tunepilot.cost import SpotAsk, compare, quote
 from tunepilot.cost.spot import daly_interval_s, poisson_quantile, young_interval_s
 from tunepilot.errors import UserError
 from tunepilot.results.figure import Figure
-from tunepilot.results.pilot import DeviceBlock, PilotResult, Throughput, Timings
+from tunepilot.results.pilot import (
+    DeviceBlock,
+    MemoryBlock,
+    PilotResult,
+    ProcessMemory,
+    Throughput,
+    Timings,
+)
 from tunepilot.results.restore import ComponentCheck, RestoreResult
 from tunepilot.spec import load_spec
 from tunepilot.store import RunDir
@@ -109,6 +116,8 @@ def _run_dir(path: Path, spec, card_id: str, *, save_s: float, load_s: float,
         throughput=Throughput(useful_tokens_per_s=Figure.measured(50_000.0, "tokens/s")),
         timings=Timings(setup_s=Figure.measured(30.0, "s"), model_load_s=Figure.measured(5.0, "s"),
                         checkpoint_bytes=Figure.measured(2_000_000, "bytes")),
+        memory=MemoryBlock(process=ProcessMemory(
+            peak_rss_bytes=Figure.measured(3 * 2**30, "bytes"))),
         device=DeviceBlock(**device)), spec.spec_hash())
     run.write(RestoreResult(
         passed=data_ok, steps_before=2, steps_after=2,
@@ -130,6 +139,8 @@ def test_the_measured_save_and_load_times_price_the_spot_term(tmp_path):
     assert s.restart["checkpoint load"].value == 3.0 and s.restart["checkpoint load"].is_measured
     assert s.restart["data skip"].value == 0 and s.restart["data skip"].is_measured
     assert s.rate_per_node_hour.value == 0.05 and "--spot-rate" in s.rate_per_node_hour.how
+    # the pilot's measured process RSS shown beside the host plan
+    assert q.host.measured_rss_bytes_per_process.value == 3 * 2**30
     work = _term(q, "training").total.value + _term(q, "validation").total.value
     assert s.interval_s.value == pytest.approx(min(math.sqrt(2 * 4.0 * 3600 / 0.05), work))
     # a proof whose data position was not restored pays the assumed skip

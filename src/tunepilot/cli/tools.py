@@ -179,11 +179,10 @@ def launch(
     from tunepilot.catalog import load_catalog
     from tunepilot.cli.common import load_run_spec
     from tunepilot.cost.terms import parse_duration
+    from tunepilot.errors import UserError
     from tunepilot.launch import plan_launch
     from tunepilot.launch import submit as do_submit
     from tunepilot.store import atomic_write_bytes
-
-    from tunepilot.errors import UserError
 
     run_spec = load_run_spec(spec, quiet=as_json)
     cat = load_catalog(catalog)

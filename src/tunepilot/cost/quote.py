@@ -404,8 +404,25 @@ def _host_fit(ctx: _Ctx, card: Card, count: int, strategy: str) -> HostFit:
     positions = ctx.profile.tokens_total.value if ctx.profile is not None else None
     plan = host_plan(ctx.spec, ctx.arch, card.software_stack, layout, positions)
     row = ctx.fit[card.id]
-    return host_fit(plan, card, row.device_peak_bytes /
-                    (row.capacity_bytes * (1 - DEFAULT_HEADROOM)))
+    fit = host_fit(plan, card, row.device_peak_bytes /
+                   (row.capacity_bytes * (1 - DEFAULT_HEADROOM)))
+    return fit.model_copy(update=_measured_host(ctx))
+
+
+def _measured_host(ctx: _Ctx) -> dict[str, Figure]:
+    """What the run directory measured of host RAM: the pilot's process, scale.json's nodes."""
+    run, out = ctx.run, {}
+    rss = measured_value(run.pilot.memory.process.peak_rss_bytes) if run and run.pilot else None
+    if rss:
+        out["measured_rss_bytes_per_process"] = Figure.measured(
+            rss, "bytes", f"pilot.json memory.process.peak_rss_bytes on {run.card_id or run.device}"
+            " (one process)")
+    nodes = [v for s in (run.scale.strategies.values() if run and run.scale else ())
+             if s.run for v in (s.run.get("host_peak_rss_bytes_per_node") or {}).values()]
+    if nodes:
+        out["measured_rss_bytes_per_node"] = Figure.measured(
+            max(nodes), "bytes", "scale.json: the largest node's sum of its ranks' peak RSS")
+    return out
 
 
 def _host(ctx: _Ctx, card: Card, count: int, strategy: str) -> HostFit:

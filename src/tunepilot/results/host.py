@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from tunepilot.results.base import Model
+from tunepilot.results.figure import Figure
 
 HostPhaseName = Literal["model-load", "training", "checkpoint-save"]
 Resource = Literal["device memory", "host RAM", "local disk"]
@@ -87,6 +88,10 @@ class HostFit(Model):
     instance: str | None = None
     source: str | None = None
     """where the offer's host figures come from"""
+    measured_rss_bytes_per_process: Figure | None = None
+    """the pilot's whole-process peak RSS (pilot.json), beside the plan's per-process figures"""
+    measured_rss_bytes_per_node: Figure | None = None
+    """the scaling test's largest node: the sum of its ranks' peak RSS (scale.json)"""
 
     @property
     def fits(self) -> bool:

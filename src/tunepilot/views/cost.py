@@ -124,6 +124,9 @@ def render_host_fit(q: Quote) -> None:
                   + "; binds: "
                   f"[bold]{h.binds}[/bold] ("
                   + ", ".join(f"{k} {v:.0%}" for k, v in h.utilisation.items()) + " used)")
+    for f in (h.measured_rss_bytes_per_process, h.measured_rss_bytes_per_node):
+        if f is not None:
+            console.print(f"  host RAM measured: {fmt_bytes(f.value)} ({escape(f.how)})")
 
 
 def render_spot(q: Quote) -> None:
