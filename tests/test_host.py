@@ -31,8 +31,7 @@ EXAMPLES = ROOT / "examples"
 EXE = Path(sys.executable).with_name("tunepilot")
 GIB = 1 << 30
 FSDP_70B = load_spec(EXAMPLES / "llama3.1-70b-fsdp8.yaml")
-OFFLOAD_70B = FSDP_70B.with_changes(parallel={**FSDP_70B.parallel.model_dump(),
-                                               "cpu_offload": True})
+OFFLOAD_70B = load_spec(EXAMPLES / "llama3.1-70b-fsdp8-offload.yaml")
 LORA_8B = load_spec(EXAMPLES / "llama3-8b-lora.yaml")
 ARCH_70B = resolve_arch(FSDP_70B, None)
 
@@ -49,6 +48,10 @@ def small_host_catalog(tmp_path: Path) -> Path:
 
 
 def test_70b_fsdp8_with_cpu_offload_needs_hundreds_of_gib_per_node():
+    # the offload example is the 70B FSDP x 8 example with parallel.cpu_offload: true
+    assert OFFLOAD_70B.with_changes(parallel={**OFFLOAD_70B.parallel.model_dump(),
+                                              "cpu_offload": False}).spec_hash() == \
+        FSDP_70B.spec_hash()
     plan = make_plan(OFFLOAD_70B, card_ids=["h100", "h200", "a100"])
     h = plan.host
     states = state_bytes(OFFLOAD_70B, ARCH_70B).model_states
@@ -114,10 +117,7 @@ def test_a_70b_offload_plan_is_refused_on_an_offer_with_too_little_host_ram(tmp_
 
 
 def test_an_offer_with_no_host_ram_where_the_plan_needs_one_exits_2(tmp_path):
-    spec = tmp_path / "offload.yaml"
-    data = yaml.safe_load((EXAMPLES / "llama3.1-70b-fsdp8.yaml").read_text())
-    data["parallel"]["cpu_offload"] = True
-    spec.write_text(yaml.safe_dump(data))
+    spec = EXAMPLES / "llama3.1-70b-fsdp8-offload.yaml"
     proc = subprocess.run([str(EXE), "quote", str(spec), "--card", "h200", "--count", "8",
                            "--catalog", str(small_host_catalog(tmp_path)), "--json"],
                           capture_output=True, text=True, timeout=120)
