@@ -44,7 +44,10 @@ def test_a_skypilot_table_becomes_a_catalog_that_quotes_use(tmp_path):
     assert q.returncode == 0, q.stderr
     quote = json.loads(q.stdout)
     assert quote["term"]["total_cents"] == 24 * 1229
-    assert any("spot" in n and "$5.15" in n for n in quote["notes"])
+    assert quote["spot"]["spot_usd_per_hour"] == "5.15"  # the spot term priced beside it
+    assert quote["spot"]["expected_cost_cents"] > quote["spot"]["naive_cost_cents"]
+    assert cards["h100-sxm-80gb"]["host"]["ram_gib"] == 2048.0  # MemoryGiB of p5.48xlarge
+    assert quote["host"]["host_ram_bytes_per_node"] == 256 * 2**30  # 1 card's share
     west = _cli("catalog", "import", CSV, "--out", tmp_path / "w.yaml", "--region", "eu-west-2",
                 "--json")
     assert json.loads(west.stdout)["cards"][0]["pricing"]["on_demand_usd_per_hour"] == "13.8"

@@ -204,3 +204,13 @@ def test_a_signal_to_tunepilot_scale_leaves_no_rank_running(tmp_path, sig):
     while time.monotonic() < end and _leftovers(str(out)):
         time.sleep(0.5)
     assert _leftovers(str(out)) == []
+
+
+def test_each_rank_and_each_node_record_their_host_rss(scaled):
+    _, _, result, _ = scaled
+    for s in ("ddp", "fsdp"):
+        run = result.strategies[s].run
+        rss = [p["host_peak_rss_bytes"] for p in run["per_rank"]]
+        assert all(isinstance(v, int) and v > 50 * 2**20 for v in rss), rss  # torch alone > 50 MiB
+        nodes = run["host_peak_rss_bytes_per_node"]
+        assert len(nodes) == 1 and sum(nodes.values()) == sum(rss)  # one host: the sum of ranks

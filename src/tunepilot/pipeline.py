@@ -145,7 +145,13 @@ def _gate_plan(c: Ctx, plan: MemoryPlan) -> Gate:
                                "card even with FSDP")
     where = ", ".join(fitting) if fitting else "FSDP only: " + ", ".join(
         f"{k} x{v}" for k, v in fsdp.items() if v)
-    return _passed("plan", f"{plan.fidelity} plan: device peak {peak} (projected); fits {where}")
+    host = ""
+    if plan.host is not None:
+        host = f"; host peak per node {fmt_bytes(plan.host.peak_bytes_per_node)} (projected)"
+        c.warnings += [f"plan: {row.card}: {row.host.reason}" for row in plan.cards
+                       if row.host is not None and row.host.reason]
+    return _passed("plan", f"{plan.fidelity} plan: device peak {peak} (projected); fits "
+                           f"{where}{host}")
 
 
 # --- 2. pilot ----------------------------------------------------------------------------------

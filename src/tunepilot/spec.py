@@ -219,6 +219,36 @@ class CheckpointSpec(_Strict):
         return v
 
 
+HostLoad = Literal["auto", "per-rank", "rank0", "mmap"]
+
+
+class HostSpec(_Strict):
+    """How the run uses each node's host memory and disk: what the host plan (memory/host.py)
+    adds up. Not part of the spec hash: none of it changes the training step."""
+
+    load: HostLoad = "auto"
+    """how the weights reach the devices: per-rank (every process reads the whole checkpoint
+    into host RAM: from_pretrained under DDP, or FSDP without rank-0 loading), rank0 (rank 0
+    reads it, the others build on the meta device and receive a broadcast: accelerate's
+    fsdp_cpu_ram_efficient_loading), mmap (safetensors memory-mapped and copied to the device:
+    page cache shared by the node's ranks). auto: rank0 under FSDP, per-rank otherwise"""
+    async_checkpoint: bool = False
+    """checkpoints staged into host RAM and written in the background (DCP async_save): a
+    staging copy of each rank's shard while the save runs"""
+    checkpoints_kept: int = Field(default=2, ge=1, le=10_000)
+    """checkpoints kept on the node's disk (HF save_total_limit); one more exists while a save
+    runs"""
+    prefetch_factor: int = Field(default=2, ge=1, le=1024)
+    """batches each dataloader worker prepares ahead (PyTorch's default 2)"""
+    data_in_memory: bool = False
+    """the tokenized dataset held as Python lists in every rank (and copied into each dataloader
+    worker as it is read), instead of memory-mapped Arrow shared by the node"""
+
+    @property
+    def is_default(self) -> bool:
+        return self == HostSpec()
+
+
 class TargetSpec(_Strict):
     """How much training the term must deliver: useful tokens, epochs over a dataset (its
     supervised tokens come from `tunepilot data`'s profile, or dataset_tokens), or a number of
@@ -298,6 +328,8 @@ class RunSpec(_Strict):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     target: TargetSpec = Field(default_factory=TargetSpec)
+    host: HostSpec = Field(default_factory=HostSpec)
+    """host memory and disk of each node: loading, async checkpoints, workers (the host plan)"""
     seed: int = Field(default=1234, ge=0, lt=2**63)
 
     @model_validator(mode="after")
@@ -440,8 +472,9 @@ class RunSpec(_Strict):
         return self.name or (self.model.preset or Path(self.model.config or "model").name)
 
     def spec_hash(self) -> str:
-        """SHA-256 of the spec's canonical JSON (all resolved fields, without the label)."""
-        data = self.model_dump(mode="json", exclude={"name"})
+        """SHA-256 of the spec's canonical JSON (all resolved fields, without the label and
+        the host section, which does not change the training step)."""
+        data = self.model_dump(mode="json", exclude={"name", "host"})
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

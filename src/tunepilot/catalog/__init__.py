@@ -2,8 +2,14 @@
 
 The numbers live in ``resources/catalog.yaml``, each with ``source`` and ``as_of``; this module only
 reads and checks them. A user catalog (``--catalog FILE``) wins: a card there whose id or alias
-names a shipped card replaces the top-level keys it gives (``pricing:`` replaces the whole pricing
-block), a new id is added, and ``replace: true`` replaces the shipped catalog entirely.
+names a shipped card replaces the keys it gives (mappings merged key by key; a ``pricing`` with
+its own ``source`` is another offer: the shipped offer's host, spot and instance keys it omits are
+dropped, and a ``host`` block is replaced whole), a new id is added, and ``replace: true``
+replaces the shipped catalog entirely.
+
+Each offer may say what machine it rents (``pricing.host``: host RAM, vCPUs, local disk of the
+instance) and how often its spot capacity is reclaimed (``spot_interruptions_per_hour``, with
+its source): the host plan (memory/host.py) and the spot quote (cost/spot.py) read them.
 
 Money and percentages are ``Decimal``, read from quoted strings ("2.49"); a YAML float is refused
 because it cannot hold cents exactly. Pure Python (pyyaml + pydantic): no heavy imports here.
@@ -62,6 +68,23 @@ def _decimal(value: Any) -> Decimal:
 def _as_of(value: Any) -> Any:
     """``as_of`` as text: YAML reads an unquoted 2026-12-01 as a date."""
     return value.isoformat() if isinstance(value, date) else value
+
+
+def check_rate(value: Any) -> float:
+    """An interruption rate per instance-hour: a finite number in [0, 1). A rate of 1 or more
+    per hour is an instance that lives under an hour on average: no spot term is priced on it."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"expected interruptions per instance-hour, a number in [0, 1), "
+                         f"got {value!r}")
+    try:
+        rate = float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number of interruptions per instance-hour") \
+            from None
+    if not (0 <= rate < 1):  # also refuses nan and inf
+        raise ValueError(f"{value!r} interruptions per instance-hour is outside [0, 1): give "
+                         "the mean rate, e.g. 0.05 (one interruption per 20 instance-hours)")
+    return rate
 
 
 Money = Annotated[Decimal, BeforeValidator(_decimal)]
@@ -150,6 +173,33 @@ class OptionPrice(_Model):
     unit: str = Field(min_length=1)
 
 
+class HostOffer(_Model):
+    """The machine a price rents: host RAM, vCPUs and local disk of one instance of
+    ``accelerators`` cards. A node of k cards gets k / accelerators of it (the share a smaller
+    instance of the same family offers, stated wherever it is used)."""
+
+    ram_gib: float = Field(gt=0, le=1 << 20, allow_inf_nan=False)
+    """host RAM of the instance, GiB (2^30 bytes), as the provider lists it"""
+    accelerators: int = Field(ge=1, le=64)
+    """the cards of the instance these figures are for"""
+    vcpus: int | None = Field(default=None, ge=1, le=1 << 16)
+    local_disk_gb: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
+    """local (instance-store / temp) disk, decimal GB; None: the table lists none"""
+    instance_type: str | None = None
+    source: str = Field(min_length=1)
+    as_of: AsOf
+
+    def ram_bytes(self, cards: int) -> int:
+        """Host RAM of a node of ``cards`` cards: their share of the instance (bytes)."""
+        return int(self.ram_gib * (1 << 30) * min(cards, self.accelerators) / self.accelerators)
+
+    def disk_bytes(self, cards: int) -> int | None:
+        """Local disk of a node of ``cards`` cards (their share; bytes), None if not listed."""
+        if self.local_disk_gb is None:
+            return None
+        return int(self.local_disk_gb * 1e9 * min(cards, self.accelerators) / self.accelerators)
+
+
 class Pricing(_Model):
     """How a card is rented: rate, billing granularity, terms, cancellation, add-ons."""
 
@@ -168,6 +218,18 @@ class Pricing(_Model):
     """the instance the price is of (an imported price table), e.g. p5.48xlarge"""
     region: str | None = None
     instance_accelerators: int | None = Field(default=None, ge=1)
+    host: HostOffer | None = None
+    """the instance's host RAM, vCPUs and local disk (None: not listed)"""
+    spot_interruptions_per_hour: Annotated[float, BeforeValidator(check_rate)] | None = None
+    """interruptions per instance-hour of the spot offer, with ``spot_interruption_source``"""
+    spot_interruption_source: str | None = None
+
+    @model_validator(mode="after")
+    def _rate_has_source(self) -> Pricing:
+        if self.spot_interruptions_per_hour is not None and not self.spot_interruption_source:
+            raise ValueError("spot_interruptions_per_hour needs spot_interruption_source: where "
+                             "the rate comes from (a trace, the provider's advisor, your logs)")
+        return self
 
     def term(self, name: str) -> Term:
         """The term called ``name`` (week, month, ...); UserError listing the known ones."""
@@ -337,11 +399,32 @@ def _overlay(shipped: Catalog, user: _UserCatalogFile, path: Path) -> Catalog:
                             f" and cards[{i}] both override {target.id}.", "Merge them into one.")
         overridden_by[target.id] = i
         merged = {**_deep_merge(target.model_dump(), entry), "id": target.id}
+        _own_offer(merged, entry)
         if "memory_gb" in entry and "memory_bytes" not in entry:
             del merged["memory_bytes"]  # derive it from the user's memory_gb
         cards[position[target.id]] = _validate(Card, merged, path, ("cards", i))
     return _validate(Catalog, {"schema_version": SCHEMA_VERSION, "as_of": user.as_of or shipped.as_of,
                                "note": user.note or shipped.note, "cards": cards}, path)
+
+
+# What describes one offer (the instance and its spot market): a user's pricing with its own
+# ``source`` is another offer, so these never carry over from the shipped one.
+_OFFER_KEYS = ("host", "spot_usd_per_hour", "spot_source", "spot_interruptions_per_hour",
+               "spot_interruption_source", "instance_type", "region", "instance_accelerators")
+
+
+def _own_offer(merged: dict, entry: dict) -> None:
+    """A user's ``pricing.host`` replaces the shipped one whole (no disk of another instance);
+    a user's pricing with its own ``source`` keeps none of the shipped offer's keys it omits."""
+    given = entry.get("pricing")
+    if not isinstance(given, dict):
+        return
+    if "host" in given:
+        merged["pricing"]["host"] = given["host"]
+    if "source" in given:
+        for key in _OFFER_KEYS:
+            if key not in given:
+                merged["pricing"][key] = None
 
 
 def _deep_merge(base: dict, override: dict) -> dict:

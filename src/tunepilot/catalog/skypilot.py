@@ -4,7 +4,8 @@
 AcceleratorCount, vCPUs, MemoryGiB, GpuInfo, Price, SpotPrice, Region, AvailabilityZone - in
 any column order: read by name) -> a partial override catalog: per card the on-demand price per
 card-hour = Price / AcceleratorCount in the cheapest region (or ``region``), the spot price the
-same way on its own line, the instance type and region recorded. Card facts (memory, peaks)
+same way on its own line, the instance type and region recorded, and the instance's host RAM
+(MemoryGiB) and vCPUs as its ``host`` (the table has no local disk). Card facts (memory, peaks)
 stay tunepilot's own: GpuInfo is checked against them and known traps are warned about (an H200
 listed at 80 GB; a TotalGpuMemoryInMiB that is per GPU). Accelerators tunepilot has no facts for
 are listed as unknown with what is missing - never invented.
@@ -18,6 +19,7 @@ import ast
 import csv
 import hashlib
 import io
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -43,6 +45,8 @@ class _Offer:
     instance: str
     region: str
     count: int
+    host_gib: float | None = None  # MemoryGiB: host RAM of the instance
+    vcpus: int | None = None
 
 
 @dataclass
@@ -140,6 +144,7 @@ def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None =
     offers: dict[str, list[_Offer]] = {}
     unknown: dict[str, dict] = {}
     gpu_info = _GpuInfoCheck(catalog)
+    host = _HostColumns(catalog)
     rows = skipped = 0
     for i, r in _rows(text, path):
         rows += 1
@@ -165,7 +170,7 @@ def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None =
         offers.setdefault(card_id, []).append(_Offer(
             card_id, price / count if price is not None else None,
             spot / count if spot is not None else None, r["InstanceType"].strip(),
-            r["Region"].strip(), count))
+            r["Region"].strip(), count, *host.read(r, name, count, card_id)))
     if region and not offers and not unknown:
         raise UserError("--region", f"no accelerator rows in region {region!r} of {path.name}.")
     when = as_of or datetime.fromtimestamp(path.stat().st_mtime, UTC).date().isoformat()
@@ -174,7 +179,7 @@ def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None =
     cards = [_card_entry(card_id, rows_, source, when) for card_id, rows_ in sorted(offers.items())]
     return CatalogImport(str(path), when, [c for c in cards if c],
                          [_unknown_entry(u) for u in unknown.values()],
-                         gpu_info.warnings(), rows, skipped)
+                         gpu_info.warnings() + host.warnings(), rows, skipped)
 
 
 UNKNOWN_ACCELERATORS_SHOWN = 20  # in the table and the YAML header; --json has them all
@@ -203,6 +208,11 @@ def _card_entry(card_id: str, offers: list[_Offer], source: str, when: str) -> d
                      "source": f"{source}: {best.instance} in {best.region}, Price / "
                                f"{best.count} accelerators (the cheapest region)",
                      "as_of": when}
+    if best.host_gib is not None:
+        pricing["host"] = {"instance_type": best.instance, "accelerators": best.count,
+                           "ram_gib": best.host_gib, "vcpus": best.vcpus,
+                           "source": f"{source}: MemoryGiB and vCPUs of {best.instance} (local "
+                                     "disk: the table has none)", "as_of": when}
     spots = [o for o in offers if o.spot_per_card is not None and o.region == best.region]
     spots = spots or [o for o in offers if o.spot_per_card is not None]
     if spots:
@@ -215,6 +225,42 @@ def _card_entry(card_id: str, offers: list[_Offer], source: str, when: str) -> d
 def _fmt(d: Decimal) -> str:
     q = d.quantize(Decimal("0.000001")).normalize()
     return format(q, "f")
+
+
+class _HostColumns:
+    """(host RAM GiB, vCPUs) of a row from MemoryGiB and vCPUs, where readable. A MemoryGiB no
+    larger than the GPUs' own memory is not host RAM (RunPod's v7 table lists GPU memory there):
+    dropped, with one warning per accelerator."""
+
+    def __init__(self, catalog):
+        self.catalog = catalog
+        self._memory: dict[str, int] = {}  # card id -> bytes per GPU
+        self._trap: dict[str, tuple[float, int, int]] = {}  # name -> (MemoryGiB, GPUs, rows)
+
+    def read(self, r: dict, name: str, count: int, card_id: str
+             ) -> tuple[float | None, int | None]:
+        gib, vcpus = _positive(r.get("MemoryGiB")), _positive(r.get("vCPUs"))
+        per_gpu = self._memory.get(card_id) or self._memory.setdefault(
+            card_id, self.catalog.get(card_id).memory_bytes)
+        if gib is not None and gib * (1 << 30) <= 1.05 * count * per_gpu:
+            first, n, rows = self._trap.get(name, (gib, count, 0))
+            self._trap[name] = (first, n, rows + 1)
+            gib = None
+        return gib, int(vcpus) if vcpus is not None and vcpus == int(vcpus) else None
+
+    def warnings(self) -> list[str]:
+        return [f"{name}: MemoryGiB {gib:g} is no more than the {n} GPUs' own memory - the table "
+                "lists GPU memory there, not host RAM: host RAM not taken"
+                + (f" ({rows:,} rows)" if rows > 1 else "")
+                for name, (gib, n, rows) in self._trap.items()]
+
+
+def _positive(raw: str | None) -> float | None:
+    try:
+        value = float((raw or "").strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 class _GpuInfoCheck:

@@ -20,6 +20,19 @@ from tunepilot.cli.common import (
     load_run_spec,
 )
 
+SpotRateOpt = Annotated[str | None, typer.Option(
+    "--spot-rate", help="Spot interruptions per instance-hour, in [0, 1) (default: the offer's "
+    "pricing.spot_interruptions_per_hour, else cost_model.yaml's).")]
+
+
+def _spot_ask(rate: str | None, minutes: str | None):
+    from tunepilot.cost.quote import SpotAsk
+    from tunepilot.cost.terms import parse_positive
+
+    interval = None if minutes is None else float(
+        parse_positive(minutes, "checkpoint-minutes", "minutes")) * 60
+    return SpotAsk(rate=rate, interval_s=interval)
+
 
 @app.command()
 def quote(
@@ -34,11 +47,18 @@ def quote(
     save: Annotated[bool, typer.Option("--save", help="Save to the ledger; prints a QUOTE_ID.")
                     ] = False,
     db: DbOpt = None,
+    spot_rate: SpotRateOpt = None,
+    checkpoint_minutes: Annotated[str | None, typer.Option(
+        "--checkpoint-minutes", help="Price the spot term at this checkpoint interval instead "
+        "of the one that minimises its expected cost.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The time the job needs on COUNT x CARD, the term's itemised cost, and the cost per million
     useful tokens; every figure marked measured or projected. Without --hours/--days the term is
-    the cheapest one covering the job plus the safety margin.
+    the cheapest one covering the job plus the safety margin. Where the offer has a spot rate,
+    the same job on spot beside it: the checkpoint interval that minimises the expected cost
+    (from the measured save time with --from), the expected interruptions, lost work and cost
+    with a spread. The host plan at COUNT cards is checked against the offer's host RAM.
 
     Example: tunepilot quote examples/llama3-8b-lora.yaml --card h200 --count 1 --days 2
     """
@@ -51,7 +71,8 @@ def quote(
     cat = load_catalog(catalog)
     warn_if_stale(cat)
     result = cost.quote(run_spec, card_id=card, count=count, term_s=term_s, options=option,
-                        run_dir=from_dir, catalog=cat, base_dir=spec.parent)
+                        run_dir=from_dir, catalog=cat, base_dir=spec.parent,
+                        spot=_spot_ask(spot_rate, checkpoint_minutes))
     body = result.to_dict()
     if save:
         body["quote_id"] = ledger.save_quote(db, result)
@@ -69,9 +90,11 @@ def quote(
 
 @app.command()
 def compare(spec: SpecArg, from_dir: FromOpt = None, catalog: CatalogOpt = None,
-            as_json: JsonOpt = False) -> None:
+            spot_rate: SpotRateOpt = None, as_json: JsonOpt = False) -> None:
     """Every card x count that fits (1, 2, 4, 8 and the fewest FSDP needs), ranked by cost per
-    million useful tokens on the cheapest term that covers the job, with time to finish.
+    million useful tokens on the cheapest term that covers the job, with time to finish; the
+    on-demand job and the spot term's expected cost side by side; offers whose host RAM cannot
+    hold a node of the run are not ranked, with the binding resource.
 
     Example: tunepilot compare examples/llama3-8b-lora.yaml
     """
@@ -83,5 +106,5 @@ def compare(spec: SpecArg, from_dir: FromOpt = None, catalog: CatalogOpt = None,
     cat = load_catalog(catalog)
     warn_if_stale(cat)
     result = cost.compare(load_run_spec(spec), run_dir=from_dir, catalog=cat,
-                          base_dir=spec.parent)
+                          base_dir=spec.parent, spot=_spot_ask(spot_rate, None))
     show(result, as_json, render_compare)

@@ -128,6 +128,22 @@ def _check_date(text: str | None) -> str | None:
         raise UserError("--as-of", f"{text!r} is not a date.", "Use YYYY-MM-DD.") from None
 
 
+def _spot_for_launch(run_spec, spec: Path, card, count: int, cat, rate, from_dir):
+    """The spot quote whose interval a --spot launch writes into the spec it runs."""
+    from tunepilot import cost
+    from tunepilot.errors import UserError
+
+    if card.pricing.spot_usd_per_hour is None:
+        raise UserError("--spot", f"{card.id}'s offer lists no spot price (catalog "
+                        "pricing.spot_usd_per_hour).", "Add it in --catalog, or drop --spot.")
+    q = cost.quote(run_spec, card_id=card.id, count=count, term_s=None, run_dir=from_dir,
+                   catalog=cat, base_dir=spec.parent, spot=cost.SpotAsk(rate=rate))
+    if not q.spot.finishes:
+        raise UserError("--spot", q.spot.reason + ".", "Lower the interruption rate "
+                        "(--spot-rate) or run on demand (drop --spot).")
+    return q.spot
+
+
 class Via(str, Enum):
     skypilot = "skypilot"
     slurm = "slurm"
@@ -153,27 +169,45 @@ def launch(
     submit: Annotated[bool, typer.Option("--submit", help="Submit it (sky launch / sbatch; "
                                          "only when installed).")] = False,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="A catalog YAML.")] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Run on spot capacity: writes SPEC.spot"
+                                       ".yaml beside the spec with checkpoint.every_steps at the "
+                                       "interval that minimises the expected spot cost, and runs "
+                                       "that.")] = False,
+    spot_rate: Annotated[str | None, typer.Option(
+        "--spot-rate", help="With --spot: interruptions per instance-hour, in [0, 1).")] = None,
+    from_dir: Annotated[Path | None, typer.Option(
+        "--from", help="With --spot: a run directory of this spec (its measured checkpoint "
+        "save time sets the interval).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Write (and with --submit, submit) a SkyPilot task or an sbatch script that runs the
     staged pilot on CARD x COUNT and brings the run directory back; then `quote --from` uses what
-    was measured on that card.
+    was measured on that card. With --spot, on spot capacity, checkpointing at the interval the
+    spot quote recommends (written into the spec the file runs).
 
     Example: tunepilot launch examples/llama3-8b-lora.yaml --card h100 --count 1 --via skypilot --out pilot.sky.yaml
     """
     from tunepilot.catalog import load_catalog
     from tunepilot.cli.common import load_run_spec
     from tunepilot.cost.terms import parse_duration
+    from tunepilot.errors import UserError
     from tunepilot.launch import plan_launch
     from tunepilot.launch import submit as do_submit
     from tunepilot.store import atomic_write_bytes
 
     run_spec = load_run_spec(spec, quiet=as_json)
-    the_card = load_catalog(catalog).get(card)
+    cat = load_catalog(catalog)
+    the_card = cat.get(card)
     term_s = parse_duration(hours, None, required=False)
     h = float(term_s) / 3600 if term_s else None
+    if not spot and (spot_rate is not None or from_dir is not None):
+        raise UserError("--spot-rate" if spot_rate is not None else "--from",
+                        "applies with --spot.", "Add --spot, or drop it.")
+    spot_quote = _spot_for_launch(run_spec, spec, the_card, count, cat, spot_rate, from_dir) \
+        if spot else None
     text, plan = plan_launch(spec, run_spec, the_card, count=count, via=via, out=out, hours=h,
-                             gpus_per_node=gpus_per_node, install=install, wheel=wheel)
+                             gpus_per_node=gpus_per_node, install=install, wheel=wheel,
+                             spot=spot_quote)
     for w in plan.warnings:
         say(f"warning: {w}")
     atomic_write_bytes(out, text.encode())

@@ -10,6 +10,6 @@
 
 from tunepilot.cost.assumptions import cost_model
 from tunepilot.cost.measurements import read_run_dir
-from tunepilot.cost.quote import MEASURED, PROJECTED, compare, quote
+from tunepilot.cost.quote import MEASURED, PROJECTED, SpotAsk, compare, quote
 
-__all__ = ["MEASURED", "PROJECTED", "compare", "cost_model", "quote", "read_run_dir"]
+__all__ = ["MEASURED", "PROJECTED", "SpotAsk", "compare", "cost_model", "quote", "read_run_dir"]

@@ -25,14 +25,19 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from tunepilot.catalog import Card, Catalog, load_catalog
+from tunepilot.checkpoint.components import DATA
 from tunepilot.cost.assumptions import assumed
 from tunepilot.cost.measurements import RunMeasurements, measured_value, read_run_dir
+from tunepilot.cost.spot import node_rate, spot_quote
 from tunepilot.cost.terms import check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
 from tunepilot.errors import UserError
+from tunepilot.memory.fit import DEFAULT_HEADROOM
+from tunepilot.memory.host import Layout, host_fit, host_plan
 from tunepilot.model.flops import DTYPE_BYTES, FlopsPerToken, checkpoint_bytes, flops_per_token
 from tunepilot.objective import generation_cards, unit_notes
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
+from tunepilot.results.host import HostFit
 from tunepilot.results.plan import CardFit, ParamSplit
 from tunepilot.results.quote import (
     BatchOnCards,
@@ -333,11 +338,13 @@ def _terms(card: Card, count: int, job: Figure, term_s: int | None, options: dic
     return term, shortest, n_steps, cheapest
 
 
-def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict) -> Quote:
+def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict,
+           spot: SpotAsk | None = None) -> Quote:
     strategy = _strategy(ctx, card, count)
     if strategy is None:
         raise UserError("card", _does_not_fit(ctx, card, count) + ".",
                         "Pick a card and count from `tunepilot compare SPEC`.")
+    host = _host(ctx, card, count, strategy)
     throughput, terms, job, steps, tps, target = _job(ctx, card, count, strategy)
     billed = count + generation_cards(ctx.spec)  # a vLLM server's cards are rented too
     term, shortest, n_steps, cheapest = _terms(card, billed, job, term_s, options)
@@ -354,7 +361,7 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
     if term.term_s < job.value:
         notes.append(f"the term is {(job.value - term.term_s) / 3600:,.1f} h short: it delivers "
                      f"{share:.0%} of the target")
-    notes += _spot_note(card, count, term.term_s) + unit_notes(ctx.spec, target)
+    notes += unit_notes(ctx.spec, target)
     split = ctx.spec.batch_on(count, exact=False)
     if split.note:
         notes.append(split.note)
@@ -377,20 +384,83 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict)
         safety_margin=assumed("safety_margin"), pricing_source=card.pricing.source,
         pricing_as_of=card.pricing.as_of,
         run_dir=ctx.run.source() if ctx.run else None,
-        padding=_padding(ctx, terms),
-        notes=notes + (ctx.run.notes if ctx.run else []))
+        padding=_padding(ctx, terms), host=host,
+        spot=spot_quote(card, count, terms=terms, steps=steps, restart=_restart(ctx, card, terms),
+                        rate=node_rate(card, (spot or SpotAsk()).rate),
+                        interval_s=(spot or SpotAsk()).interval_s),
+        notes=notes + ([host.warning] if host.warning else [])
+        + (ctx.run.notes if ctx.run else []))
 
 
-def _spot_note(card: Card, count: int, term_s: int) -> list[str]:
-    """The imported spot rate on its own line: what the same term would cost, interruptible."""
-    p = card.pricing
-    if p.spot_usd_per_hour is None:
-        return []
-    billed = math.ceil(term_s / p.billing_increment_s) * p.billing_increment_s
-    cents = math.ceil(count * Decimal(billed) / 3600 * p.spot_usd_per_hour * 100)
-    where = p.spot_source or "imported"
-    return [f"spot (interruptible) rate ${p.spot_usd_per_hour}/card-hour ({where}): this term at spot would cost ${Decimal(cents) / 100:,.2f} (not the "
-            "quote: a spot card can be reclaimed mid-run; checkpoint and restore-proof first)"]
+@dataclass(frozen=True)
+class SpotAsk:
+    """What the user asks of the spot quote: an interruption rate per instance-hour
+    (--spot-rate) and a checkpoint interval (--checkpoint-minutes), each None for the default."""
+
+    rate: float | str | None = None
+    interval_s: float | None = None
+
+
+def _host_fit(ctx: _Ctx, card: Card, count: int, strategy: str) -> HostFit:
+    """The host plan at ``count`` cards (nodes of up to 8) against the card's offer."""
+    layout = Layout.on_cards(ctx.spec, count, strategy)
+    positions = ctx.profile.tokens_total.value if ctx.profile is not None else None
+    plan = host_plan(ctx.spec, ctx.arch, card.software_stack, layout, positions)
+    row = ctx.fit[card.id]
+    fit = host_fit(plan, card, row.device_peak_bytes /
+                   (row.capacity_bytes * (1 - DEFAULT_HEADROOM)))
+    return fit.model_copy(update=_measured_host(ctx))
+
+
+def _measured_host(ctx: _Ctx) -> dict[str, Figure]:
+    """What the run directory measured of host RAM: the pilot's process, scale.json's nodes."""
+    run, out = ctx.run, {}
+    rss = measured_value(run.pilot.memory.process.peak_rss_bytes) if run and run.pilot else None
+    if rss:
+        out["measured_rss_bytes_per_process"] = Figure.measured(
+            rss, "bytes", f"pilot.json memory.process.peak_rss_bytes on {run.card_id or run.device}"
+            " (one process)")
+    nodes = [v for s in (run.scale.strategies.values() if run and run.scale else ())
+             if s.run for v in (s.run.get("host_peak_rss_bytes_per_node") or {}).values()]
+    if nodes:
+        out["measured_rss_bytes_per_node"] = Figure.measured(
+            max(nodes), "bytes", "scale.json: the largest node's sum of its ranks' peak RSS")
+    return out
+
+
+def _host(ctx: _Ctx, card: Card, count: int, strategy: str) -> HostFit:
+    """_host_fit, or a UserError when host RAM refuses the offer or the offer lists none
+    where the plan needs it."""
+    fit = _host_fit(ctx, card, count, strategy)
+    if fit.reason is not None:
+        field = ("card" if card.pricing.host is not None
+                 else f"catalog: {card.id}.pricing.host.ram_gib")
+        raise UserError(field, fit.reason + ".", fit.hint)
+    return fit
+
+
+def _restart(ctx: _Ctx, card: Card, terms: list[TimeTerm]) -> dict[str, Figure]:
+    """What an interruption costs besides the lost work: the once-per-job start again, the
+    checkpoint load (restore.json load_s) and the data skip (0 when the restore proof shows the
+    data position restored)."""
+    by = {t.name: t.each for t in terms}
+    out = {n: by[n] for n in ("provisioning", "set-up", "model load")}
+    restore = ctx.run.restore if ctx.run else None
+    load = _machine(ctx, card, "restore", restore.load_s, "s", "checkpoint load",
+                    "load_s") if restore else None
+    save = by["checkpoint writes"]
+    out["checkpoint load"] = load or Figure.projected(
+        save.value, "s", f"as long as one save ({save.basis}): the same bytes read back")
+    data = next((c for c in restore.components if c.name == DATA), None) if restore else None
+    if data is not None and data.passed:
+        out["data skip"] = Figure.measured(0.0, "s", "restore.json: the data position was "
+                                           "restored, so the loader resumes where it stopped")
+    else:
+        why = ("restore.json: the data position was NOT restored; " if data is not None
+               else "")
+        out["data skip"] = Figure.projected(assumed("restart_data_skip_s"), "s",
+                                            why + "assumed (cost_model.yaml restart_data_skip_s)")
+    return out
 
 
 def _padding(ctx: _Ctx, terms: list[TimeTerm]) -> dict | None:
@@ -404,23 +474,43 @@ def _padding(ctx: _Ctx, terms: list[TimeTerm]) -> dict | None:
 
 def quote(spec: RunSpec, *, card_id: str, count: int, term_s: int | None,
           options: list[str] | None = None, run_dir: Path | str | None = None,
-          catalog: Catalog | None = None, base_dir: Path | None = None) -> Quote:
-    """Quote ``count`` x ``card_id`` for ``term_s`` seconds (None: the cheapest covering term)."""
+          catalog: Catalog | None = None, base_dir: Path | None = None,
+          spot: SpotAsk | None = None) -> Quote:
+    """Quote ``count`` x ``card_id`` for ``term_s`` seconds (None: the cheapest covering term),
+    the same job on spot capacity beside it (``spot``: the rate and interval asked for)."""
     catalog = catalog or load_catalog()
     card = catalog.get(card_id)
     check_count(count)
     if term_s is not None and term_s <= 0:
         raise UserError("hours", f"the term must be longer than 0 s, got {term_s}.")
     opts = parse_options(card, options)
+    _check_spot(card, spot)
     ctx = _context(spec, catalog, run_dir, [card.id], base_dir)
-    return _build(ctx, card, count, term_s, opts)
+    return _build(ctx, card, count, term_s, opts, spot)
+
+
+def _check_spot(card: Card, spot: SpotAsk | None) -> None:
+    """Refuse a bad --spot-rate before any work, and a spot question on an offer without spot."""
+    if spot is None or (spot.rate is None and spot.interval_s is None):
+        return
+    node_rate(card, spot.rate)
+    if card.pricing.spot_usd_per_hour is None:
+        flag = "spot-rate" if spot.rate is not None else "checkpoint-minutes"
+        raise UserError(flag, f"{card.id}'s offer lists no spot price "
+                        "(catalog pricing.spot_usd_per_hour), so there is no spot term to price.",
+                        "Add spot_usd_per_hour to the card's pricing in --catalog, or drop "
+                        f"--{flag}.")
 
 
 def compare(spec: RunSpec, *, run_dir: Path | str | None = None, catalog: Catalog | None = None,
-            base_dir: Path | None = None) -> Comparison:
+            base_dir: Path | None = None, spot: SpotAsk | None = None) -> Comparison:
     """Quote every fitting card x count (1, 2, 4, 8 and the fewest FSDP needs) on its cheapest
-    covering term and rank by cost per million useful tokens."""
+    covering term and rank by cost per million useful tokens; a count whose node the offer's
+    host RAM cannot hold is not ranked (said, with the binding resource); the spot term beside
+    each row where the offer has a spot rate."""
     catalog = catalog or load_catalog()
+    if spot is not None and spot.rate is not None:
+        node_rate(catalog.cards[0], spot.rate)  # a bad rate is refused before any work
     ctx = _context(spec, catalog, run_dir, None, base_dir)
     rows, refused, dropped = [], [], []
     for card in catalog.cards:
@@ -433,7 +523,12 @@ def compare(spec: RunSpec, *, run_dir: Path | str | None = None, catalog: Catalo
                          if least <= c <= max(COMPARE_COUNTS[-1], 2 * least)})
         dropped += [f"{card.id} x {c}: the run does not fit fewer than {least} of them"
                     for c in COMPARE_COUNTS if c < least]
-        rows += [_build(ctx, card, count, None, {}) for count in counts]
+        host = {c: _host_fit(ctx, card, c, _strategy(ctx, card, c)) for c in counts}
+        if not any(f.fits for f in host.values()):
+            refused.append(Refusal(card=card.id, reason=host[counts[0]].reason))
+            continue
+        dropped += [f"{card.id} x {c}: {f.reason}" for c, f in host.items() if not f.fits]
+        rows += [_build(ctx, card, c, None, {}, spot) for c in counts if host[c].fits]
     rows.sort(key=lambda q: (q.cost_per_million_term_usd is None,
                              q.cost_per_million_term_usd or 0, q.job_s.value))
     return Comparison(spec_label=spec.label, spec_hash=spec.spec_hash(), rows=rows,

@@ -108,13 +108,15 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     install: str = ""
     warnings: list[str] = field(default_factory=list)
+    spot: dict | None = None
+    """--spot: the spec written with the recommended checkpoint interval, and the interval"""
 
     def to_dict(self) -> dict:
         return {"via": self.via, "out": self.out, "card": self.card, "count": self.count,
                 "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
                 "run_dir": self.run_dir, "commands_after": self.commands_after,
                 "submitted": self.submitted, "install": self.install,
-                "warnings": self.warnings, "notes": self.notes}
+                "warnings": self.warnings, "notes": self.notes, "spot": self.spot}
 
 
 def _layout(count: int, gpus_per_node: int | None) -> tuple[int, int]:
@@ -128,14 +130,23 @@ def _layout(count: int, gpus_per_node: int | None) -> tuple[int, int]:
 def plan_launch(spec_path: Path, spec, card, *, count: int, via: str, out: Path,
                 hours: float | None, gpus_per_node: int | None = None,
                 install: str | None = None, wheel: Path | None = None,
-                run_dir: str | None = None) -> tuple[str, LaunchPlan]:
-    """(the file's text, what it does) for ``via``."""
+                run_dir: str | None = None, spot=None) -> tuple[str, LaunchPlan]:
+    """(the file's text, what it does) for ``via``. ``spot`` (a SpotQuote): run on spot
+    capacity with the spec rewritten to checkpoint at its recommended interval
+    (write_spot_spec), which the file runs instead of ``spec_path``."""
     if via not in ("skypilot", "slurm"):
         raise UserError("--via", f"{via!r} is not skypilot or slurm.",
                         "Use --via skypilot (any cloud SkyPilot knows) or --via slurm.")
     nodes, per = _layout(count, gpus_per_node)
     run_dir = run_dir or f"runs/{spec.label}-{card.id}x{count}"
     plan = LaunchPlan(via, str(out), card.id, count, nodes, per, run_dir)
+    if spot is not None:
+        spec_path, spec = write_spot_spec(spec_path, spec, spot)
+        plan.spot = {"spec": str(spec_path), "checkpoint_every_steps": spot.interval_steps,
+                     "interval_s": spot.interval_s.value, "rule": spot.interval_rule}
+        plan.notes.append(f"on spot: {spec_path.name} checkpoints every {spot.interval_steps:,} "
+                          f"steps ({spot.interval_rule}); a re-run after a preemption reuses the "
+                          "stages the run directory already holds")
     install = install_plan(via, install, wheel, source_tree())
     plan.install = install.how
     if install.warning:
@@ -153,6 +164,32 @@ def plan_launch(spec_path: Path, spec, card, *, count: int, via: str, out: Path,
                                + (f" --hours {hours:g}" if hours else " --hours 24"))
     plan.commands_after.append(f"tunepilot report {run_dir}")
     return text, plan
+
+
+def write_spot_spec(spec_path: Path, spec, spot) -> tuple[Path, object]:
+    """SPEC.spot.yaml beside ``spec_path`` (so relative paths and SkyPilot's workdir still
+    hold): the spec with checkpoint.every_steps = the spot quote's recommended interval. Read
+    back and checked before it is used."""
+    import yaml
+
+    from tunepilot.spec import load_spec
+    from tunepilot.store import atomic_write_bytes
+
+    every = spot.interval_steps
+    new = spec.with_changes(checkpoint={**spec.checkpoint.model_dump(), "every_steps": every})
+    out = spec_path.with_name(f"{spec_path.stem}.spot.yaml")
+    head = [f"# written by `tunepilot launch --spot` from {spec_path.name}: the same run, "
+            f"checkpointing every {every:,} optimizer steps",
+            f"# (was {spec.checkpoint.every_steps:,}): the interval that minimises the expected "
+            f"cost on spot, {spot.interval_s.value / 60:,.1f} min of work at "
+            f"{spot.step_s:,.2f} s/step;",
+            f"# {spot.interval_rule}; C = one checkpoint save ({spot.save_s.basis}), M = the "
+            "mean time between interruptions"]
+    body = yaml.safe_dump(new.model_dump(mode="json", exclude_defaults=True), sort_keys=False)
+    atomic_write_bytes(out, ("\n".join(head) + "\n" + body).encode())
+    back = load_spec(out)
+    assert back.spec_hash() == new.spec_hash(), "the spot spec did not read back as written"
+    return out, back
 
 
 def run_line(spec_name: str, card, count: int, per: int, hours, run_dir: str) -> str:

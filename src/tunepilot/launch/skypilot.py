@@ -24,8 +24,12 @@ def task_yaml(spec_path: Path, spec, card, nodes: int, per: int, count: int, hou
         body = (f"set -e\n{scale}\nif [ \"$SKYPILOT_NODE_RANK\" = \"0\" ]; then\n  {run}\nfi\n")
     else:
         body = f"set -e\n{run}\n"
-    task = {"name": f"tunepilot-{slug(spec.label)}",
-            "resources": {"accelerators": f"{accel}:{per}"},
+    resources = {"accelerators": f"{accel}:{per}"}
+    if plan.spot is not None:
+        resources["use_spot"] = True
+        plan.notes.append("spot: launch it as a managed job (sky jobs launch THIS_FILE) so "
+                          "SkyPilot re-provisions and re-runs it after a preemption")
+    task = {"name": f"tunepilot-{slug(spec.label)}", "resources": resources,
             "num_nodes": nodes, "workdir": str(spec_path.parent.resolve()),
             "setup": f"set -e\n{install.command}\ntunepilot --version\n", "run": body}
     mounts = {**install.sky_mounts, **data_mounts(spec_path, spec)}

@@ -163,6 +163,24 @@ def _copies(spec: RunSpec) -> str:
     return " and ".join(names + (["reward model"] if o.reward_model == "copy" else []))
 
 
+@dataclass(frozen=True)
+class StateBytes:
+    """The model states of the whole (unsharded) model, for the host plan."""
+
+    params: int
+    trainable: int
+    model_states: int
+    """weights + master weights + gradients + optimizer state (bytes)"""
+
+
+def state_bytes(spec: RunSpec, arch: Arch, stack: str = "cuda") -> StateBytes:
+    """The unsharded model states, by the same rule as the device plan (FSDP's CPU offload moves
+    each rank's 1/N of them to host memory)."""
+    params = split_params(arch, spec)
+    s = _model_states(spec, arch, stack, params, task_counts(arch, spec))
+    return StateBytes(params.total, params.trainable, s.weights + s.master + s.grads + s.optim)
+
+
 def _parallelize(spec: RunSpec, s: _States, counts: ParamCounts, cb: int) -> _States:
     """FSDP shards the states 1/N and keeps some layers unsharded; DDP adds gradient buckets."""
     N, par = spec.parallel.world_size, spec.parallel

@@ -26,6 +26,7 @@ from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.errors import UserError
 from tunepilot.memory.analytic import analytic_plan, runtime_constants
 from tunepilot.memory.fit import DEFAULT_HEADROOM, Planner, fit_card
+from tunepilot.memory.host import attach_host
 from tunepilot.model.arch import Arch, resolve_arch
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
@@ -162,5 +163,6 @@ def make_calibrated_plan(spec: RunSpec, run_dir: Path | str, *, catalog: Catalog
     planner = calibrated_planner(cal)
     plan = planner(spec, arch, stack)
     plan.cards = [fit_card(spec, arch, card, planner, headroom, plan) for card in cards]
+    attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     return plan

@@ -1,4 +1,5 @@
-"""`plan`: the memory one device needs for a spec, and how it fits each card of the catalog."""
+"""`plan`: the memory one device needs for a spec, how it fits each card of the catalog, and
+the host RAM and disk each node needs (memory/host.py) against each card's offer."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.memory.analytic import analytic_plan
 from tunepilot.memory.fit import DEFAULT_HEADROOM, fit_card
+from tunepilot.memory.host import attach_host
 from tunepilot.model.arch import Arch, resolve_arch
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
@@ -22,6 +24,7 @@ def make_plan(spec: RunSpec, *, catalog: Catalog | None = None, card_ids: list[s
     stack = cards[0].software_stack if cards else "cuda"
     plan = analytic_plan(spec, arch, stack)
     plan.cards = [fit_card(spec, arch, card, analytic_plan, headroom, plan) for card in cards]
+    attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input
         from tunepilot.memory.objective_phases import check_generation_room

@@ -47,6 +47,7 @@ from tunepilot.memory.analytic import (
     runtime_constants,
 )
 from tunepilot.memory.fit import DEFAULT_HEADROOM, fit_card
+from tunepilot.memory.host import attach_host
 from tunepilot.memory.trace_result import TracedPhase, TraceJob, TraceResult
 from tunepilot.memory.variants import (
     in_use,
@@ -96,6 +97,7 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
         plan.trace["wall_s"] = round(time.perf_counter() - t0, 2)
         planner = scaled_planner(plan, analytic)
     plan.cards = [fit_card(spec, arch, c, planner, headroom, plan) for c in cards]
+    attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input
         from tunepilot.memory.objective_phases import check_generation_room

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, computed_field, model_validator
 
 from tunepilot.results.base import Model, StageResult
+from tunepilot.results.host import HostFit, HostPlan
 
 COMPONENTS = ("weights", "master_weights", "gradients", "optimizer", "activations", "temporary",
               "collective_buffers")
@@ -106,6 +107,8 @@ class CardFit(Model):
     generation_reserve_bytes: int = 0
     """vLLM colocated: gpu_memory_utilization x this card's memory, outside PyTorch's
     allocator (computed: vLLM's allocator does not run on a CPU)"""
+    host: HostFit | None = None
+    """the host plan against the card's offer (host RAM, local disk) and which resource binds"""
 
 
 class MemoryPlan(StageResult):
@@ -127,6 +130,8 @@ class MemoryPlan(StageResult):
     stack: str
     assumptions: list[str] = Field(default_factory=list)
     cards: list[CardFit] = Field(default_factory=list)
+    host: HostPlan | None = None
+    """host RAM and local disk per node for the spec's layout (memory/host.py)"""
     trace: dict[str, Any] | None = None
     """what the trace saw (traced plans), or why it fell back"""
     differences: list[dict[str, Any]] = Field(default_factory=list)

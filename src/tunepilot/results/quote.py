@@ -13,6 +13,8 @@ from pydantic import Field, computed_field, model_validator
 
 from tunepilot.results.base import Model, StageResult
 from tunepilot.results.figure import Figure
+from tunepilot.results.host import HostFit
+from tunepilot.results.spot import SpotQuote
 from tunepilot.units import cents_to_usd
 
 
@@ -143,6 +145,10 @@ class Quote(StageResult, _Derived):
     run_dir: RunSource | None = None
     padding: dict[str, Any] | None = None
     """with a dataset profile: padding share of the term and what packing would save"""
+    host: HostFit | None = None
+    """the host plan at this card count against the offer's machine, and which resource binds"""
+    spot: SpotQuote | None = None
+    """the same job on spot capacity, interruptions priced (None: the offer has no spot rate)"""
     notes: list[str] = Field(default_factory=list)
 
     @computed_field

@@ -55,6 +55,9 @@ class LaunchSummary(Model):
     samples: list[list[str]] = Field(default_factory=list)
     ranks_reported: list[int]
     per_rank: list[dict[str, Any]]
+    host_peak_rss_bytes_per_node: dict[str, int] = Field(default_factory=dict)
+    """host name -> the sum of its ranks' peak RSS (measured; an upper bound of the node's
+    peak host RAM)"""
 
 
 class StrategyResult(Model):

@@ -57,6 +57,7 @@ def summarize(records: list[RankRecord]) -> LaunchSummary:
             "useful_tokens_per_s": sum(s.useful_tokens for s in rs) / wall if wall else None,
             "step_time_s": _dist([s.wall_s for s in rs]),
             "peak_memory_bytes": r.peak_memory_bytes, "memory_measure": r.memory_measure,
+            "host_peak_rss_bytes": r.host_peak_rss_bytes,
             "comm_inflight_s_per_step": statistics.fmean(inflight) if inflight else None,
             "comm_exposed_s_per_step": statistics.fmean(exposed) if exposed else None,
             "comm_measure": r.comm_measure})
@@ -72,7 +73,20 @@ def summarize(records: list[RankRecord]) -> LaunchSummary:
         "losses": losses, "loss_spread_between_ranks": spread,
         "samples": [interleave([r.steps[i].samples for r in records])
                     for i in range(n_steps)],
-        "ranks_reported": sorted(r.rank for r in records), "per_rank": per_rank})
+        "ranks_reported": sorted(r.rank for r in records), "per_rank": per_rank,
+        "host_peak_rss_bytes_per_node": host_per_node(records)})
+
+
+def host_per_node(records: list[RankRecord]) -> dict[str, int]:
+    """Host name -> the sum of its ranks' peak RSS: the node's host RAM as measured (an upper
+    bound of its peak: the ranks' peaks need not coincide). Ranks that did not record it are
+    left out of their node's sum."""
+    out: dict[str, int] = {}
+    for r in records:
+        if r.host_peak_rss_bytes is not None:
+            key = r.host or "unknown host"
+            out[key] = out.get(key, 0) + int(r.host_peak_rss_bytes)
+    return out
 
 
 def interleave(per_rank: list[list[str]]) -> list[str]:

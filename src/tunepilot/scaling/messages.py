@@ -84,6 +84,11 @@ class RankRecord(_Message):
         return (self.memory.get("peak_bytes") or {}).get("value")
 
     @property
+    def host_peak_rss_bytes(self) -> int | None:
+        """The rank's whole-process peak RSS (host RAM), where the rank recorded it."""
+        return (self.memory.get("host_peak_rss_bytes") or {}).get("value")
+
+    @property
     def memory_measure(self) -> str | None:
         return (self.memory.get("peak_bytes") or {}).get("what")
 

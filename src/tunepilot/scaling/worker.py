@@ -170,15 +170,18 @@ class MemoryWatch:
         def measured(value, unit, what):
             return Figure.measured(value, unit, what=what).to_dict()
 
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        host = measured(int(rss), "bytes", what="the rank's host RAM: whole-process peak RSS "
+                        "(ru_maxrss), model load included")
         if self.device.type == "cuda":
             return {"peak_bytes": measured(int(torch.cuda.max_memory_allocated(self.device)),
                                            "bytes", what="torch.cuda.max_memory_allocated over "
                                            "the training steps"),
                     "reserved_peak_bytes": measured(
                         int(torch.cuda.max_memory_reserved(self.device)), "bytes",
-                        what="torch.cuda.max_memory_reserved")}
+                        what="torch.cuda.max_memory_reserved"),
+                    "host_peak_rss_bytes": host}
         reading = self.sampler.stop()
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
         what = ("peak RSS over the training steps (VmHWM after a reset)" if reading.hwm_bytes
                 else "peak RSS over the training steps (sampled every 0.25 s)")
         return {"peak_bytes": measured(int(reading.peak_bytes), "bytes", what=what),
@@ -186,7 +189,8 @@ class MemoryWatch:
                                                   what="RSS after the model was built and "
                                                   "wrapped"),
                 "process_peak_bytes": measured(int(rss), "bytes",
-                                               what="whole-process peak RSS (ru_maxrss)")}
+                                               what="whole-process peak RSS (ru_maxrss)"),
+                "host_peak_rss_bytes": host}
 
 
 def init_group(device_kind: str, threads: int) -> tuple[int, int, object]:

@@ -6,7 +6,7 @@ from rich.markup import escape
 
 from tunepilot.results.figure import Figure
 from tunepilot.results.quote import Comparison, Quote, TermCost
-from tunepilot.units import fmt_cents, fmt_seconds, fmt_usd, fmt_usd_per_m
+from tunepilot.units import fmt_bytes, fmt_cents, fmt_seconds, fmt_usd, fmt_usd_per_m
 from tunepilot.views.common import basis, console, fig
 from tunepilot.views.common import table as _table
 
@@ -22,6 +22,16 @@ def _value(f: Figure) -> str:
     if f.unit == "fraction":
         return f"{f.value:.3g}"
     return fig(f, decimal_bytes=True)
+
+
+def _spot_cell(q: Quote) -> str:
+    s = q.spot
+    if s is None:
+        return "- / no spot rate"
+    if not s.finishes:
+        return f"{usd(s.on_demand_cost_cents)} / does not finish"
+    return (f"{usd(s.on_demand_cost_cents)} / {usd(s.expected_cost_cents)} "
+            f"({s.overhead_fraction:+.0%} vs naive spot)")
 
 
 def render_term(term: TermCost, title: str) -> None:
@@ -92,17 +102,92 @@ def render_quote(q: Quote) -> None:
     console.print(f"[bold]cost per useful token[/bold]: term as booked {per_term}; job alone "
                   f"{fmt_usd_per_m(q.cost_per_million_job_usd)} (job cost {fmt_usd(q.job_cost_usd)}"
                   f" at the term's rate) ({q.job_s.basis} time, catalog prices)")
+    if q.host is not None:
+        render_host_fit(q)
+    if q.spot is not None:
+        render_spot(q)
     for note in q.notes:
         console.print(f"note: {escape(note)}")
+
+
+def render_host_fit(q: Quote) -> None:
+    h = q.host
+    ram = (f"{fmt_bytes(h.host_usable_bytes_per_node)} usable of "
+           f"{fmt_bytes(h.host_ram_bytes_per_node)} ({h.instance or 'the offer'}, "
+           f"{h.cards_per_node} card(s)' share)" if h.host_ram_bytes_per_node is not None
+           else "not listed by the offer")
+    console.print(f"host per node: peak {fmt_bytes(h.host_peak_bytes_per_node)} (projected), "
+                  f"host RAM {ram}; local disk need "
+                  f"{fmt_bytes(h.disk_bytes_per_node, decimal=True)} of "
+                  + (fmt_bytes(h.local_disk_bytes_per_node, decimal=True)
+                     if h.local_disk_bytes_per_node is not None else "- (not listed)")
+                  + "; binds: "
+                  f"[bold]{h.binds}[/bold] ("
+                  + ", ".join(f"{k} {v:.0%}" for k, v in h.utilisation.items()) + " used)")
+    for f in (h.measured_rss_bytes_per_process, h.measured_rss_bytes_per_node):
+        if f is not None:
+            console.print(f"  host RAM measured: {fmt_bytes(f.value)} ({escape(f.how)})")
+
+
+def render_spot(q: Quote) -> None:
+    s = q.spot
+    t = _table(f"Spot beside on-demand: {q.count} x {q.card_id} at ${s.spot_usd_per_hour}/card-hour"
+               f" ({escape(s.spot_source)})", ["figure", "value", "basis", "how"], ("value",))
+    t.add_row("interruptions per node-hour", f"{s.rate_per_node_hour.value:g}",
+              mark(s.rate_per_node_hour.basis), escape(s.rate_per_node_hour.how))
+    if s.mtbi_s is not None:
+        t.add_row(f"mean time between interruptions ({s.nodes} node(s))",
+                  duration(s.mtbi_s.value), mark(s.mtbi_s.basis), escape(s.mtbi_s.how))
+    t.add_row("checkpoint save (C)", duration(s.save_s.value), mark(s.save_s.basis),
+              escape(s.save_s.how))
+    t.add_row("restart (R)", duration(s.restart_s.value), mark(s.restart_s.basis),
+              escape(" + ".join(f"{k} {duration(f.value)} ({f.basis[0]})"
+                                for k, f in s.restart.items())))
+    t.add_row("[bold]checkpoint interval (T)[/bold]",
+              f"[bold]{duration(s.interval_s.value)} = {s.interval_steps:,} steps[/bold]",
+              mark(s.interval_s.basis), escape(s.interval_rule + (
+                  f"; Daly (2006): {duration(s.daly_interval_s)}" if s.daly_interval_s else "")))
+    t.add_row("checkpoints over the job", f"{s.checkpoints:,}", mark(s.work_s.basis),
+              escape(s.work_s.how))
+    t.add_row("lost per interruption", duration(s.lost_per_interruption_s.value),
+              mark(s.lost_per_interruption_s.basis), escape(s.lost_per_interruption_s.how))
+    if s.finishes:
+        lo, hi = s.outcome(0.1), s.outcome(0.9)
+        t.add_row("expected interruptions", f"{s.expected_interruptions.value:,.1f} "
+                  f"(p10 {lo.interruptions}, p90 {hi.interruptions})",
+                  mark(s.expected_interruptions.basis), "rate x expected hours; Poisson spread")
+        t.add_row("expected run time", f"{duration(s.expected_s.value)} (p10 "
+                  f"{lo.hours:,.1f} h, p90 {hi.hours:,.1f} h)", mark(s.expected_s.basis),
+                  escape(s.expected_s.how))
+    console.print(t)
+    line = (f"[bold]on-demand[/bold] job {usd(s.on_demand_cost_cents)} (term as booked "
+            f"{usd(q.term.total_cents)})  |  [bold]spot[/bold] naive {usd(s.naive_cost_cents)}")
+    if s.finishes:
+        lo, hi = s.outcome(0.1), s.outcome(0.9)
+        line += (f", expected [bold]{usd(s.expected_cost_cents)}[/bold] (p10 "
+                 f"{usd(lo.cost_cents)}, p90 {usd(hi.cost_cents)}), "
+                 f"{s.overhead_fraction:+.0%} over naive, "
+                 f"{1 - s.expected_cost_cents / s.on_demand_cost_cents:.0%} under on-demand "
+                 "(projected)")
+        console.print(line)
+        console.print(f"a spot run checkpoints every {s.interval_steps:,} optimizer steps "
+                      f"(checkpoint.every_steps; `tunepilot launch --spot` writes it into the "
+                      "spec it runs)")
+    else:
+        console.print(line + f"; [red]{escape(s.reason)}[/red]")
+    for note in s.notes:
+        console.print(f"spot: {escape(note)}")
 
 
 def render_compare(c: Comparison) -> None:
     t = _table(f"{c.spec_label}: every card x count that fits, by cost per million useful tokens "
                "(cheapest term covering the job + safety margin)",
                ["#", "card", "count", "strategy", "useful tokens/s", "time to finish", "term",
-                "term cost", "$/M tokens (term)", "$/M tokens (job)", "terms measured"],
+                "term cost", "$/M tokens (term)", "$/M tokens (job)",
+                "job: on-demand / spot expected", "binds", "terms measured"],
                ("#", "count", "useful tokens/s", "term cost", "$/M tokens (term)",
-                "$/M tokens (job)"))
+                "$/M tokens (job)", "job: on-demand / spot expected"))
+    t.columns[1].no_wrap = True
     for rank, q in enumerate(c.rows, 1):
         f = q.throughput.total
         mfu = q.throughput.per_card.extra("mfu") or {}
@@ -113,13 +198,16 @@ def render_compare(c: Comparison) -> None:
                   f"({q.job_s.basis[0]})", f"{q.term.term_s / 3600:,.2f} h"
                   + (f" ({q.term.discount_term})" if q.term.discount_term else ""),
                   usd(q.term.total_cents), fmt_usd(q.cost_per_million_term_usd),
-                  fmt_usd(q.cost_per_million_job_usd),
+                  fmt_usd(q.cost_per_million_job_usd), _spot_cell(q),
+                  q.host.binds if q.host else "-",
                   f"{sum(t.total.is_measured for t in q.time_terms)}/{len(q.time_terms)}")
     console.print(t)
     console.print("(m) measured on that card, (p) projected (see `tunepilot quote ... ` for the "
                   "rule behind each figure); MFU published / derived / assumed: what the "
                   "projected throughput rests on (resources/throughput_model.yaml). Prices are "
-                  "the catalog's.")
+                  "the catalog's. Job: the job alone at the on-demand rate / on spot with its "
+                  "interruptions priced, checkpointing every T (quote shows "
+                  "T and the spread); binds: the resource nearest its limit.")
     for r in c.refused:
         console.print(f"[red]not ranked[/red] {r.card}: {escape(r.reason)}")
     for d in c.dropped:

@@ -38,6 +38,8 @@ def render_plan(plan: MemoryPlan, spec, headroom: float) -> None:
     if plan.peak_phase == "model-load":
         console.print(f"model load peak {fmt_bytes(d.load_peak_bytes)} sets the peak")
     _fit(plan, headroom)
+    if plan.host is not None:
+        _host(plan)
     for diff in plan.differences:
         console.print(f"[yellow]traced vs analytic[/yellow]: {diff['component']} "
                       f"{fmt_bytes(diff['traced_bytes'])} traced, "
@@ -127,6 +129,46 @@ def _fit(plan: MemoryPlan, headroom: float) -> None:
                       f"{escape(row.peak_phase or '')} - vLLM reserves "
                       f"{fmt_bytes(row.generation_reserve_bytes)} of this card (COMPUTED: "
                       "vLLM's allocator does not run on a CPU)")
+
+
+def _host(plan: MemoryPlan) -> None:
+    h = plan.host
+    t = table(f"Host RAM per node ({h.ranks_per_node} rank(s) per node, {h.nodes} node(s); "
+              f"weights loaded {h.load}; projected)",
+              ["component", "per process", "processes", "per node", "phases", "how"],
+              ("per process", "processes", "per node"))
+    for c in h.components:
+        t.add_row(c.name + (" (pinned)" if c.pinned else ""), fmt_bytes(c.bytes_per_rank),
+                  cell(c.holders), fmt_bytes(c.bytes_per_node), ", ".join(c.phases),
+                  escape(c.how))
+    console.print(t)
+    phases = "  ".join(f"{p.name} {fmt_bytes(p.bytes_per_node)}"
+                       + (" <- peak" if p.name == h.peak_phase else "") for p in h.phases)
+    console.print(f"host phases per node: {phases}")
+    disk = ", ".join(f"{d.name} {fmt_bytes(d.bytes_per_node, decimal=True)}" for d in h.disk)
+    console.print(f"local disk per node: {fmt_bytes(h.disk_bytes_per_node, decimal=True)} "
+                  f"({disk})")
+    cols = ["card", "offer", "host RAM usable", "host peak", "host fits", "local disk",
+            "disk need", "binds"]
+    t = table("Host fit per offer (the node's share of the instance; host RAM at "
+              "runtime.yaml host.usable_fraction)", cols, cols[2:4] + cols[5:7])
+    for row in plan.cards:
+        f = row.host
+        if f is None:
+            continue
+        ok = {True: "yes", False: "[red]no[/red]", None: "[yellow]not listed[/yellow]"}
+        t.add_row(row.card, escape(f.instance or ("listed" if f.source else "-")),
+                  fmt_bytes(f.host_usable_bytes_per_node), fmt_bytes(f.host_peak_bytes_per_node),
+                  ok[f.host_fits], fmt_bytes(f.local_disk_bytes_per_node, decimal=True),
+                  fmt_bytes(f.disk_bytes_per_node, decimal=True), f.binds)
+    console.print(t)
+    for row in plan.cards:
+        if row.host is not None and row.host.reason:
+            console.print(f"[red]{row.card}[/red]: {escape(row.host.reason)}")
+        if row.host is not None and row.host.warning:
+            console.print(f"[yellow]{row.card}[/yellow]: {escape(row.host.warning)}")
+    for note in h.notes:
+        console.print(f"host: {escape(note)}")
 
 
 def render_rows(title: str, columns: list[str], rows: list[dict]) -> None:

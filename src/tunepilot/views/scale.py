@@ -40,6 +40,11 @@ def render_scale(result: ScalingResult) -> None:
     for s, r in result.strategies.items():
         if r.status == "ok" and r.run:
             _render_ranks(s, r.run["per_rank"])
+            nodes = r.run.get("host_peak_rss_bytes_per_node") or {}
+            if nodes:
+                console.print(f"{s}: host RAM per node (measured: the sum of its ranks' peak "
+                              "RSS, an upper bound) " + ", ".join(
+                                  f"{h} {gib(v)}" for h, v in nodes.items()))
     rec = result.recommendation
     console.print(f"[bold]recommendation: {rec.strategy or 'none'}[/bold] - {rec.reason}")
     for n in result.notes:
@@ -130,14 +135,14 @@ def _render_strategies(strategies: dict[str, StrategyResult]) -> None:
 def _render_ranks(strategy: str, per_rank: list[dict]) -> None:
     t = Table(title=f"{strategy}: each rank", title_justify="left")
     for c in ("rank", "host", "useful tok/s", "step median", "step min-max", "peak mem",
-              "comm in flight/step", "comm exposed/step"):
+              "host RSS peak", "comm in flight/step", "comm exposed/step"):
         t.add_column(c, justify="left" if c in ("rank", "host") else "right")
     for p in per_rank:
         st = p["step_time_s"]
         t.add_row(str(p["rank"]), p["host"], fmt_number(p["useful_tokens_per_s"]),
                   fmt_seconds(st["median"]),
                   f"{fmt_seconds(st['min'])} - {fmt_seconds(st['max'])}",
-                  gib(p["peak_memory_bytes"]),
+                  gib(p["peak_memory_bytes"]), gib(p.get("host_peak_rss_bytes")),
                   _ms(p["comm_inflight_s_per_step"]), _ms(p["comm_exposed_s_per_step"]))
     console.print(t)
 
