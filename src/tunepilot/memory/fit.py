@@ -1,7 +1,9 @@
 """Fit a memory plan against cards: headroom, devices needed, and the inverse queries.
 
 A card fits when the device-level peak (allocator reserve + runtime context + workspaces +
-collective buffers) leaves at least `headroom` of the card's memory free.
+collective buffers) leaves at least `headroom` of the card's memory free. A run whose peak fits
+the card but leaves less free than that is "tight": the fit says at how many cards
+(DevicesNeeded.ddp_tight / fsdp_tight), and the quote prices it, ranked below runs with room.
 """
 
 from __future__ import annotations
@@ -35,18 +37,25 @@ def fit_card(spec: RunSpec, arch: Arch, card: Card, planner: Planner,
     cap = card.capacity_bytes
     peak = plan.per_device.device_peak_bytes
 
-    def ok(s: RunSpec) -> bool:
-        return fits(planner(s, arch, stack).per_device.device_peak_bytes, cap, headroom)
+    def ok(s: RunSpec, room: float = headroom) -> bool:
+        return fits(planner(s, arch, stack).per_device.device_peak_bytes, cap, room)
 
     def largest(field: str, upper: int) -> int:
         return largest_passing(lambda v: ok(spec.with_changes(**{field: v})), upper)[0]
 
+    def tight(s: RunSpec) -> bool:  # fits the card, with less free than the headroom asked
+        return ok(s, 0.0)
+
+    ddp, fsdp = _ddp_devices(spec, ok), _fsdp_devices(spec, ok)
+    ddp_tight = _ddp_devices(spec, tight) if ddp is None else None
+    fsdp_tight = _fsdp_devices(spec, tight, below=fsdp)
     return CardFit(
         card=card.id, capacity_bytes=cap, device_peak_bytes=peak,
         fits=fits(peak, cap, headroom), headroom_fraction=1.0 - peak / cap,
-        devices_needed=DevicesNeeded(ddp=_ddp_devices(spec, ok), fsdp=_fsdp_devices(spec, ok)),
+        devices_needed=DevicesNeeded(ddp=ddp, fsdp=fsdp, ddp_tight=ddp_tight,
+                                     fsdp_tight=fsdp_tight),
         max_micro_batch=largest("micro_batch_size", MAX_SEARCH_MICRO_BATCH),
-        max_sequence_length=largest("sequence_length", MAX_SEARCH_SEQ))
+        max_sequence_length=largest("sequence_length", MAX_SEARCH_SEQ), headroom_asked=headroom)
 
 
 def _ddp_devices(spec: RunSpec, ok: Callable[[RunSpec], bool]) -> int | None:
@@ -56,9 +65,13 @@ def _ddp_devices(spec: RunSpec, ok: Callable[[RunSpec], bool]) -> int | None:
     return 1 if ok(spec.with_changes(parallel=par)) else None
 
 
-def _fsdp_devices(spec: RunSpec, ok: Callable[[RunSpec], bool]) -> int | None:
-    """The fewest ranks whose FSDP shards fit (activations are per rank and do not shrink)."""
+def _fsdp_devices(spec: RunSpec, ok: Callable[[RunSpec], bool], below: int | None = None
+                  ) -> int | None:
+    """The fewest ranks whose FSDP shards fit (activations are per rank and do not shrink),
+    fewer than ``below`` when given."""
     for n in FSDP_COUNTS:
+        if below is not None and n >= below:
+            return None
         par = dict(spec.parallel.model_dump(), strategy="fsdp" if n > 1 else "single",
                    devices=min(n, 8), nodes=max(1, n // 8))
         if ok(spec.with_changes(parallel=par)):

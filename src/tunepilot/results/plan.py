@@ -88,6 +88,10 @@ class PerDevice(Model):
 class DevicesNeeded(Model):
     ddp: int | None
     fsdp: int | None
+    ddp_tight: int | None = None
+    """1 when one card fits only with less free memory than the headroom asked (ddp is None)"""
+    fsdp_tight: int | None = None
+    """the fewest FSDP ranks that fit with less headroom than asked, when fewer than ``fsdp``"""
 
 
 class CardFit(Model):
@@ -101,6 +105,8 @@ class CardFit(Model):
     devices_needed: DevicesNeeded
     max_micro_batch: int
     max_sequence_length: int
+    headroom_asked: float = 0.10
+    """the free fraction of the card the fit asked for (plan --headroom)"""
 
 
 class MemoryPlan(StageResult):
