@@ -84,11 +84,10 @@ def derive_spec(model: Any, out_dir: Path, *, micro_batch_size: int, accumulatio
     """(RunSpec, Arch, notes) of the live run; writes spec.yaml and model-config.json."""
     import yaml
 
+    from tunepilot.integrations.fp8_seen import fp8_in_use
     from tunepilot.model.arch import resolve_arch
     from tunepilot.spec import load_spec
     from tunepilot.store import atomic_write_bytes
-
-    from tunepilot.integrations.fp8_seen import fp8_in_use
 
     notes: list[str] = []
     base, method = _base_model(model)
