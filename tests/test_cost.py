@@ -277,6 +277,16 @@ def test_measured_figures_apply_on_the_card_they_were_measured_on(tmp_path):
     assert q.job_s.basis == PROJECTED
 
 
+def test_a_pilot_measured_in_bf16_is_quoted_with_the_fp8_recipe_speedup(tmp_path):
+    """The pilot runs an FP8 spec's bf16 stand-in (FP8 is not measured): the quote carries its
+    measured throughput with the recipe's speed-up from the time model, said."""
+    fp8 = LORA_8B.with_changes(precision="fp8-tensorwise")
+    run = write_run_dir(tmp_path / "run", fp8, "h100-sxm-80gb")
+    one = quote(fp8, card_id="h100", count=1, term_s=H, run_dir=run).throughput.per_card
+    assert one.basis == PROJECTED and "fp8-tensorwise over bf16" in one.how
+    assert 1.0 < one.value / 50_000 < 2.0
+
+
 def test_another_card_is_projected_by_the_flops_and_bandwidth_ratios(tmp_path):
     run = write_run_dir(tmp_path / "run", TINY, "h100-sxm-80gb")
     q = quote(TINY, card_id="a100", count=1, term_s=H, run_dir=run)
