@@ -124,7 +124,7 @@ def render_compare(c: Comparison) -> None:
     console.print(t)
     console.print("(m) measured on that card, (p) projected (see `tunepilot quote ... ` for the "
                   "rule behind each figure); MFU published / derived / assumed: what the "
-                  "projected throughput rests on (resources/throughput_model.yaml). Prices are "
+                  "projected throughput rests on (resources/throughput_runs.yaml). Prices are "
                   "the catalog's.")
     if any(q.tight for q in c.rows):
         console.print("tight: fits the card with less free memory than the plan's headroom "
