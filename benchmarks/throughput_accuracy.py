@@ -1,93 +1,127 @@
-"""Projected tokens/s per GPU (the quote's throughput model) against published training
-throughputs: shared/reference/published_throughput.csv, one line per row and the median error.
+"""Projected tokens/s per GPU (the quote's time model) against published training throughputs:
+every run of src/tunepilot/resources/throughput_runs.yaml, one line each, and the median |error|
+on the held-out runs - bf16 and FP8 apart - beside the error on the runs the model was fit on.
 
-projected per GPU = MFU(implementation, card, method, checkpointing, compile) x dense peak /
-FLOPs per token x scaling efficiency at the row's GPU count (the quote's own functions:
-cost/mfu.py, model/flops.py, cost_model.yaml). Rows the model was built from are marked
-"in-sample" (their error only checks the arithmetic). p8 is torchtune's padded baseline: its
-tokens/s counts the real tokens of padded Alpaca batches, and without the dataset the model
-assumes no padding (with `data:` in the spec the quote applies the profile's useful fraction).
-Printed, not asserted.
-Run:  .venv/bin/python benchmarks/throughput_accuracy.py [--json]
+projected per GPU = MFU (cost/calibration.py estimate_setting: the run's cell, fitted on the runs
+not held out, x its checkpointing, compile, card and scaling factors) x the card's dense peak at
+the run's precision / FLOPs per token (model/flops.py) - the functions the quote uses. Every run
+is projected (no refusals; a run whose cell has no fitted run goes through the conversions the
+quote would use). Held out: every third run in the file (cost/runs.py held_out), fixed before any
+fit; --splits also refits with the other two offsets of the same rule and prints their medians.
+Published rows the model cannot project (cards outside the catalog, stacks that are not an
+implementation) are listed after the table with why. Printed, not asserted.
+
+Run:  PYTHONPATH=src .venv/bin/python benchmarks/throughput_accuracy.py [--json] [--splits]
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-REFERENCE = next(p for p in (HERE.parent / "shared" / "reference",
-                             HERE.parent.parent / "shared" / "reference",
-                             HERE.parents[2] / "shared" / "reference") if p.exists())
-AC = {"none": "none", "full": "full", "selective": "selective", "selective-op": "selective-op",
-      "selective-layer": "selective"}  # the spec's closest setting (the model keeps the row's)
 
 
-def project(row: dict) -> dict:
+def project(run, position: int) -> dict:
     from tunepilot.catalog import load_catalog
-    from tunepilot.cost.mfu import _scaling, estimate, throughput_model
+    from tunepilot.cost.calibration import estimate_setting, setting_of_run
+    from tunepilot.cost.runs import held_out, run_spec
     from tunepilot.model.arch import Arch, load_preset
-    from tunepilot.model.flops import flops_per_token, peak_precision
-    from tunepilot.spec import spec_from_dict
+    from tunepilot.model.flops import positions_per_s_at
 
-    card = load_catalog().get(row["card"])
-    spec = spec_from_dict({
-        "model": {"preset": row["model_preset"], "implementation": row["implementation"]},
-        "method": {"kind": row["method"]}, "precision": row["precision"],
-        "sequence_length": int(row["sequence_length"]),
-        "micro_batch_size": int(row["micro_batch_size"]),
-        "activation_checkpointing": AC[row["activation_checkpointing"]],
-        "torch_compile": row["torch_compile"] == "true"})
-    arch = Arch.from_config(load_preset(row["model_preset"]))
-    e = estimate(row["implementation"], card.id, row["method"], row["activation_checkpointing"],
-                 row["torch_compile"] == "true")
-    peak = card.peak_flops(peak_precision(spec))
-    fpt = flops_per_token(arch, spec).train
-    count = int(row["count"])
-    eff = _scaling(row["strategy"], count)
-    projected = e.mfu * peak / fpt * eff
-    published = float(row["published_tokens_per_s_per_gpu"])
-    import re
+    spec = run_spec(run)
+    arch = Arch.from_config(load_preset(run.model))
+    card = load_catalog().get(run.card)
+    p = estimate_setting(setting_of_run(run))
+    peak = card.peak_flops("fp8" if spec.is_fp8 else "bf16")
+    projected = positions_per_s_at(arch, spec, p.mfu, run.sequence_length, peak)
+    published = run.tokens_per_s_per_gpu
+    return {"id": run.id, "held_out": held_out(position), "implementation": run.implementation,
+            "model": run.model, "method": run.method, "precision": run.precision,
+            "card": card.id, "count": run.count, "published": published,
+            "projected": projected, "error": projected / published - 1, "mfu": p.mfu,
+            "cell": p.route.cell.label, "conversions": [s.how for s in p.route.steps],
+            "kind": p.kind, "source": run.source}
 
-    text = throughput_model().model_dump_json()  # every source the model cites
-    in_sample = re.search(rf"\b{row['id']}\b", text) is not None
-    return {"id": row["id"], "implementation": row["implementation"],
-            "model": row["model_preset"], "card": card.id, "count": count,
-            "ac": row["activation_checkpointing"], "compile": row["torch_compile"],
-            "published": published, "projected": projected,
-            "error": projected / published - 1, "mfu": e.mfu, "kind": e.basis_kind,
-            "in_sample": in_sample}
+
+def medians(rows: list[dict]) -> dict:
+    out = {}
+    for held in (True, False):
+        for fp8 in (False, True):
+            errs = [abs(r["error"]) for r in rows
+                    if r["held_out"] == held and r["precision"].startswith("fp8") == fp8]
+            key = f"{'held_out' if held else 'fit'}_{'fp8' if fp8 else 'bf16'}"
+            out[key] = {"median_abs_error": statistics.median(errs) if errs else None,
+                        "runs": len(errs)}
+    return out
+
+
+def all_rows() -> list[dict]:
+    from tunepilot.cost.runs import published_runs
+
+    return [project(r, i) for i, r in enumerate(published_runs().runs)]
+
+
+def other_splits() -> dict:
+    """The same rule at its other two offsets (rows 1, 4, 7, ... and 2, 5, 8, ...), refitted."""
+    from tunepilot.cost import calibration, runs
+
+    out, original = {}, runs.held_out
+    try:
+        for offset in (0, 1):
+            runs.held_out = lambda i, o=offset: i % runs.HELD_OUT_EVERY == o  # noqa: B023
+            calibration.fitted.cache_clear()
+            m = medians(all_rows())
+            out[f"rows {offset + 1}, {offset + 4}, {offset + 7}, ..."] = {
+                k: v for k, v in m.items() if k.startswith("held_out")}
+    finally:
+        runs.held_out = original
+        calibration.fitted.cache_clear()
+    return out
+
+
+def _print(rows: list[dict], excluded, m: dict, splits: dict | None) -> None:
+    print(f"{'id':5} {'':3} {'implementation':12} {'model':14} {'method':6} {'precision':14} "
+          f"{'card':15} {'n':>5} {'published':>9} {'projected':>9} {'error':>7}  cell (kind)")
+    for r in rows:
+        print(f"{r['id']:5} {'HO' if r['held_out'] else '':3} {r['implementation']:12} "
+              f"{r['model']:14} {r['method']:6} {r['precision']:14} {r['card']:15} "
+              f"{r['count']:>5} {r['published']:>9,.0f} {r['projected']:>9,.0f} "
+              f"{r['error']:>+7.1%}  {r['cell']} ({r['kind']})")
+    print(f"\nnot projected ({len(excluded)} published rows):")
+    for e in excluded:
+        print(f"  {e.id}: {e.why}")
+    print("\nmedian |error| of tokens/s per GPU, projected vs published (HO = held out, every "
+          "third run; target <= 10% on held-out runs):")
+    for key, v in m.items():
+        value = v["median_abs_error"]
+        print(f"  {key:14} {'-' if value is None else f'{value:.1%}':>6} over {v['runs']} runs")
+    for name, s in (splits or {}).items():
+        print(f"  held out {name}: " + ", ".join(
+            f"{k.removeprefix('held_out_')} {v['median_abs_error']:.1%} ({v['runs']})"
+            for k, v in s.items()))
 
 
 def main() -> None:
+    from tunepilot.cost.runs import published_runs
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--splits", action="store_true",
+                    help="also refit with the rule's two other offsets and print their medians")
     a = ap.parse_args()
-    with open(REFERENCE / "published_throughput.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    out = [project(r) for r in rows]
+    rows = all_rows()
+    m = medians(rows)
+    splits = other_splits() if a.splits else None
+    excluded = published_runs().excluded
     from objectives_reference import print_steps, step_rows
 
     steps = step_rows()  # GRPO step times: benchmarks/objectives_reference.py
     if a.json:
-        print(json.dumps({"rows": out, "objectives": steps}, indent=1))
+        print(json.dumps({"rows": rows, "medians": m, "other_splits": splits,
+                          "not_projected": [e.model_dump() for e in excluded],
+                          "objectives": steps}, indent=1))
         return
-    print(f"{'id':4} {'implementation':12} {'model':14} {'card':14} {'n':>3} {'ac':15} "
-          f"{'cmp':5} {'published':>10} {'projected':>10} {'error':>7}  basis")
-    for r in out:
-        print(f"{r['id']:4} {r['implementation']:12} {r['model']:14} {r['card']:14} "
-              f"{r['count']:>3} {r['ac']:15} {r['compile']:5} {r['published']:>10,.0f} "
-              f"{r['projected']:>10,.0f} {r['error']:>+7.1%}  {r['kind']}"
-              + (" (in-sample)" if r["in_sample"] else ""))
-    errs = [abs(r["error"]) for r in out]
-    oos = [abs(r["error"]) for r in out if not r["in_sample"]]
-    print(f"median |error|: {statistics.median(errs):.1%} over {len(errs)} rows; "
-          f"{statistics.median(oos):.1%} over the {len(oos)} rows the model was not built from "
-          "(target <= 15% on rows not seen); tokens/s per GPU, projected vs published")
+    _print(rows, excluded, m, splits)
     print_steps(steps)
 
 

@@ -163,7 +163,8 @@ def test_fit_table_covers_the_four_cards_and_inverse_queries_are_consistent():
                                                "h200-sxm-141gb", "mi300x-192gb"]
     for row in plan.cards:
         assert row.fits
-        assert row.devices_needed.model_dump() == {"ddp": 1, "fsdp": 1}
+        assert row.devices_needed.model_dump() == {"ddp": 1, "fsdp": 1, "ddp_tight": None,
+                                                   "fsdp_tight": None}
         assert row.max_micro_batch >= 1 and row.max_sequence_length >= 2048
         bigger = s.with_changes(micro_batch_size=row.max_micro_batch + 1)
         over = make_plan(bigger, card_ids=[row.card]).cards[0]

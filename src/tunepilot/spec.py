@@ -29,7 +29,9 @@ from tunepilot.objective import ObjectiveSpec
 from tunepilot.yaml_input import read_yaml_mapping
 
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor"]
-Precision = Literal["fp32", "bf16-mixed", "bf16-true", "fp16-mixed"]
+Precision = Literal["fp32", "bf16-mixed", "bf16-true", "fp16-mixed", "fp8-tensorwise",
+                    "fp8-rowwise", "fp8-te"]
+FP8_PRECISIONS = ("fp8-tensorwise", "fp8-rowwise", "fp8-te")
 StateDtype = Literal["fp32", "bf16"]
 Checkpointing = Literal["none", "full", "selective", "selective-op"]
 Implementation = Literal["transformers", "litgpt", "torchtune", "torchtitan", "megatron"]
@@ -301,6 +303,12 @@ class RunSpec(_Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     precision: Precision = "bf16-mixed"
+    """fp32 | bf16-mixed (fp32 weights, bf16 autocast) | bf16-true (all bf16) | fp16-mixed |
+    FP8 training on bf16-mixed (fp32 master weights and optimizer state, the decoder's linear
+    layers' matmuls in FP8; see fp8.py): fp8-tensorwise (torchao Float8Linear, one dynamic scale
+    per tensor, float8 all-gather under FSDP), fp8-rowwise (torchao, one scale per row) or
+    fp8-te (NVIDIA Transformer Engine, delayed or current per-tensor scaling). FP8 needs FP8
+    tensor cores: H100, H200, MI300X - not A100"""
     sequence_length: int = Field(default=2048, gt=0, le=1 << 21)
     """tokens per sample (at most 2,097,152)"""
     micro_batch_size: int = Field(default=1, gt=0, le=1 << 16)
@@ -339,6 +347,11 @@ class RunSpec(_Strict):
                                             self.model.task)
         if kernels:
             raise ValueError(kernels)
+        if self.precision in FP8_PRECISIONS and self.method.kind == "qlora":
+            raise ValueError(
+                f"precision {self.precision} runs the linear layers' matmuls in FP8, but QLoRA's "
+                "frozen base is NF4, dequantised to bf16 for every matmul; use method.kind lora "
+                "with FP8, or precision bf16-mixed with QLoRA")
         if self.method.kind == "qlora" and self.precision in ("fp32", "fp16-mixed"):
             raise ValueError(
                 f"method.kind qlora computes in bf16 but precision is {self.precision!r}; "
@@ -383,6 +396,16 @@ class RunSpec(_Strict):
         """chunked_loss, or an implementation whose loss is chunked by default (LitGPT's
         chunked cross-entropy): the step, the trace and the plan all follow it."""
         return self.chunked_loss or self.model.implementation == "litgpt"
+
+    @property
+    def is_fp8(self) -> bool:
+        """FP8 training (precision fp8-*): bf16-mixed with the linear layers' matmuls in FP8."""
+        return self.precision in FP8_PRECISIONS
+
+    @property
+    def mixed(self) -> bool:
+        """fp32 parameters (the master copy) with 16-bit (or FP8) compute: *-mixed and fp8-*."""
+        return self.precision.endswith("-mixed") or self.is_fp8
 
     @property
     def trainable_dtype(self) -> StateDtype:

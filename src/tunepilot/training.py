@@ -96,7 +96,7 @@ def build_scheduler(spec: RunSpec, optimizer: torch.optim.Optimizer, total_steps
 
 
 def autocast_context(spec: RunSpec, device_type: str):
-    if spec.precision == "bf16-mixed":
+    if spec.precision == "bf16-mixed" or spec.is_fp8:  # FP8 runs as its bf16-mixed stand-in
         return torch.autocast(device_type, dtype=torch.bfloat16)
     if spec.precision == "fp16-mixed":
         return torch.autocast(device_type, dtype=torch.float16)

@@ -90,13 +90,19 @@ def quote(
 
 @app.command()
 def compare(spec: SpecArg, from_dir: FromOpt = None, catalog: CatalogOpt = None,
-            spot_rate: SpotRateOpt = None, as_json: JsonOpt = False) -> None:
+            spot_rate: SpotRateOpt = None,
+            precision: Annotated[list[str] | None, typer.Option(
+                "--precision", help="Rank the spec at this precision too (repeat it: bf16-mixed, "
+                "fp8-tensorwise, fp8-rowwise, fp8-te, ...).")] = None,
+            as_json: JsonOpt = False) -> None:
     """Every card x count that fits (1, 2, 4, 8 and the fewest FSDP needs), ranked by cost per
-    million useful tokens on the cheapest term that covers the job, with time to finish; the
+    million useful tokens on the cheapest term that covers the job, with time to finish; runs
+    that fit only with less headroom than the plan asks are ranked after runs with room; the
     on-demand job and the spot term's expected cost side by side; offers whose host RAM cannot
     hold a node of the run are not ranked, with the binding resource.
 
-    Example: tunepilot compare examples/llama3-8b-lora.yaml
+    Example: tunepilot compare examples/llama3-8b-lora.yaml --precision bf16-mixed
+    --precision fp8-tensorwise
     """
     from tunepilot import cost
     from tunepilot.catalog import load_catalog, warn_if_stale
@@ -106,5 +112,6 @@ def compare(spec: SpecArg, from_dir: FromOpt = None, catalog: CatalogOpt = None,
     cat = load_catalog(catalog)
     warn_if_stale(cat)
     result = cost.compare(load_run_spec(spec), run_dir=from_dir, catalog=cat,
-                          base_dir=spec.parent, spot=_spot_ask(spot_rate, None))
+                          base_dir=spec.parent, spot=_spot_ask(spot_rate, None),
+                          precisions=precision)
     show(result, as_json, render_compare)

@@ -1,12 +1,11 @@
-"""The MFU a quote projects with when no pilot measured this run's throughput: the throughput
-model of resources/throughput_model.yaml - by implementation, card family, method, activation
-checkpointing and torch.compile, each value a published measurement re-expressed in tunepilot's
-FLOP count (or derived / assumed, and said so).
+"""The MFU a quote projects with when no pilot measured this run's throughput: the time model of
+resources/throughput_model.yaml fitted on the published runs of resources/throughput_runs.yaml
+(cost/calibration.py) - one MFU per implementation x card group x method x precision, each the
+median of published runs normalised to one card, with the run's own checkpointing, compile and
+card factors on top.
 
-A published row is normalised to one card, no checkpointing, no compile (dividing by the
-scaling efficiency at its GPU count and by its checkpointing and compile factors); the run's MFU
-is that base times the run's own factors. MFU counts model FLOPs only: recomputation is hardware
-FLOPs (HFU), so checkpointing lowers MFU while the hardware stays as busy.
+MFU counts model FLOPs only: recomputation is hardware FLOPs (HFU), so checkpointing lowers MFU
+while the hardware stays as busy.
 """
 
 from __future__ import annotations
@@ -19,37 +18,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from tunepilot.catalog import Card
-from tunepilot.cost.assumptions import efficiency_assumed
 from tunepilot.results.figure import Figure
 
 FAMILIES = ("a100", "h100", "h200", "mi300x")
-MFU_CEILING = 0.70  # no published dense BF16 training MFU above about 0.7 (a transfer chain's cap)
 Kind = Literal["published", "derived", "assumed"]
 
 
 class _Read(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RowAt(_Read):
-    """The settings a published row was measured at."""
-
-    model: str
-    sequence_length: int
-    count: int = 1
-    strategy: str = "single"
-    activation_checkpointing: str = "none"
-    torch_compile: bool = False
-
-
-class MeasuredRow(_Read):
-    implementation: str
-    card_family: str
-    kind: Kind
-    mfu: float = Field(gt=0, lt=1)
-    at: RowAt
-    source: str
-    as_of: str
 
 
 class Factor(_Read):
@@ -68,17 +44,26 @@ class KernelRow(_Read):
     applies_to: list[str] = Field(default_factory=list)
 
 
+class CardRow(_Read):
+    """A card family: the group its cells are fitted in, its speed within the group."""
+
+    group: str
+    factor: float = Field(default=1.0, gt=0)
+    kind: Kind | None = None
+    source: str | None = None
+
+
 class ThroughputModel(_Read):
     """resources/throughput_model.yaml, validated once when first read."""
 
     schema_version: int
     as_of: str
-    measurements: list[MeasuredRow]
-    family_transfer: dict[str, Factor]
+    cards: dict[str, CardRow]
+    hardware: dict[str, Factor]
+    default_implementation: str
+    mfu_ceiling: float = Field(gt=0, le=1)
     checkpointing: dict[str, Factor]
     torch_compile: Factor
-    method: dict[str, Factor]
-    default_implementation: str
     kernels: dict[str, KernelRow] = Field(default_factory=dict)
 
 
@@ -99,76 +84,28 @@ def card_family(card_id: str) -> str:
 
 @dataclass(frozen=True)
 class MfuEstimate:
+    """The MFU of one card projected for a setting, with the cell and conversions behind it."""
+
     mfu: float
-    base: float
-    row: MeasuredRow
-    factors: dict[str, float]
-    kinds: list[str]  # published / derived / assumed of every number used
-    transfer: str | None
+    projection: object  # calibration.Projection
 
     @property
     def basis_kind(self) -> str:
-        """'published' only when every number used was published; else the weakest."""
-        for k in ("assumed", "derived"):
-            if k in self.kinds:
-                return k
-        return "published"
+        return self.projection.kind
 
-
-def _scaling(strategy: str, count: int) -> float:
-    if count <= 1 or strategy == "single":
-        return 1.0
-    return efficiency_assumed("fsdp" if strategy == "fsdp" else "ddp", count)
-
-
-def _row_base(row: MeasuredRow, tm: ThroughputModel) -> float:
-    at = row.at
-    ac = tm.checkpointing[at.activation_checkpointing].factor
-    comp = tm.torch_compile.factor if at.torch_compile else 1.0
-    return row.mfu / (_scaling(at.strategy, at.count) * ac * comp)
-
-
-def _find(impl: str, family: str, tm: ThroughputModel
-          ) -> tuple[MeasuredRow | None, float, str | None, list[str]]:
-    rows = tm.measurements
-    exact = [r for r in rows if r.implementation == impl and r.card_family == family]
-    if exact:
-        return exact[0], 1.0, None, [exact[0].kind]
-    transfer = tm.family_transfer
-    for r in (r for r in rows if r.implementation == impl):
-        key = f"{family}_from_{r.card_family}"
-        t = transfer.get(key)
-        if t is None and family == "mi300x" and r.card_family == "a100":
-            a, m = transfer["h100_from_a100"], transfer["mi300x_from_h100"]
-            return r, a.factor * m.factor, "mi300x_from_h100 x h100_from_a100", \
-                [r.kind, a.kind, m.kind]
-        if t is None and family == "mi300x" and r.card_family == "h100":
-            t = transfer["mi300x_from_h100"]
-        if t is not None:
-            return r, t.factor, key, [r.kind, t.kind]
-    return None, 1.0, None, []
+    @property
+    def cell(self):
+        return self.projection.route.cell
 
 
 def estimate(implementation: str, card_id: str, method: str, activation_checkpointing: str,
-             torch_compile: bool) -> MfuEstimate:
-    tm = throughput_model()
-    family = card_family(card_id)
-    row, transfer, how, kinds = _find(implementation, family, tm)
-    if row is None:
-        row, transfer, how, kinds = _find(tm.default_implementation, family, tm)
-        kinds = kinds + ["assumed"]
-        how = (how + "; " if how else "") + \
-            f"no {implementation} row: {tm.default_implementation}'s"
-    ac = tm.checkpointing.get(activation_checkpointing, tm.checkpointing["full"])
-    comp = tm.torch_compile.factor if torch_compile else 1.0
-    m = tm.method[method]
-    base = _row_base(row, tm) * transfer
-    factors = {"checkpointing": ac.factor, "torch_compile": comp, "method": m.factor}
-    kinds += [f.kind for f in (ac, m) if f.kind]
-    if torch_compile:
-        kinds.append(tm.torch_compile.kind)
-    mfu = min(base * ac.factor * comp * m.factor, MFU_CEILING)
-    return MfuEstimate(mfu, base, row, factors, kinds, how)
+             torch_compile: bool, precision: str = "bf16-mixed") -> MfuEstimate:
+    """One card's projected MFU for the setting (cost/calibration.py)."""
+    from tunepilot.cost.calibration import Setting, estimate_setting
+
+    p = estimate_setting(Setting(implementation, card_family(card_id), method, precision,
+                                 activation_checkpointing, torch_compile), one_card=True)
+    return MfuEstimate(p.mfu, p)
 
 
 @dataclass(frozen=True)
@@ -256,33 +193,42 @@ def kernel_factors(spec) -> list[KernelFactor]:
     return out
 
 
+def _weakest(kinds: list[str]) -> str:
+    """'published' only when every number used was published; else the weakest."""
+    for k in ("assumed", "derived"):
+        if k in kinds:
+            return k
+    return "published"
+
+
 def mfu_for(spec, card: Card, arch=None) -> Figure:
     """Model FLOP utilisation projected for the spec on one card of this kind (a fraction), with
-    the published measurement it rests on and how far this run is from it."""
+    the published runs it rests on and every conversion from them."""
     from tunepilot.model.arch import param_counts
 
     e = estimate(spec.model.implementation, card.id, spec.method.kind,
-                 spec.activation_checkpointing, spec.torch_compile)
+                 spec.activation_checkpointing, spec.torch_compile, spec.precision)
     kernels = kernel_factors(spec)
-    if kernels:  # each kernel's published (or assumed) speed effect, named in the projection
-        product = 1.0
-        for kf in kernels:
-            product *= kf.factor
-        e = MfuEstimate(min(e.mfu * product, MFU_CEILING), e.base, e.row,
-                        dict(e.factors, kernels=product), e.kinds + [kf.kind for kf in kernels],
-                        e.transfer)
-    at = e.row.at
+    product = 1.0
+    for kf in kernels:  # each kernel's published (or assumed) speed effect, named below
+        product *= kf.factor
+    p = e.projection
+    r, cell = p.route, p.route.cell
+    mfu = min(e.mfu * product, throughput_model().mfu_ceiling)
+    kind = _weakest([e.basis_kind] + [kf.kind for kf in kernels])
     size = f"{param_counts(arch).total / 1e9:.1f}B" if arch is not None else "this model"
-    distance = (f"this run: {size} at {spec.sequence_length} tokens on {card.id}; the "
-                f"measurement: {at.model} at {at.sequence_length} tokens on "
-                f"{at.count} x {e.row.card_family}")
-    how = (f"{e.basis_kind}: {e.row.implementation} on {e.row.card_family} "
-           f"{e.row.mfu:.3g} MFU ({e.row.source.split(':')[0].strip()}) -> one card "
-           f"{e.base:.3g}" + (f" via {e.transfer}" if e.transfer else "")
-           + f" x checkpointing {e.factors['checkpointing']:g} x compile "
-             f"{e.factors['torch_compile']:g} x {spec.method.kind} {e.factors['method']:g}"
+    distance = (f"this run: {size} {spec.method.kind} at {spec.sequence_length} tokens on "
+                f"{card.id}; the cell: {cell.label}, {len(cell.runs)} published run(s) "
+                f"({', '.join(cell.runs)}), one-card MFU {cell.spread[0]:.3g}-{cell.spread[1]:.3g}")
+    how = (f"{kind}: cell {cell.label} one-card MFU {cell.base:.3g} (median of "
+           f"{len(cell.runs)} published runs, resources/throughput_runs.yaml)"
+           + (f"; no {spec.model.implementation} run: {r.assumed}'s cells (assumed)"
+              if r.assumed else "")
+           + "".join(f"; {s.how}" for s in r.steps)
+           + f" x checkpointing {p.factors['checkpointing']:g} x compile "
+             f"{p.factors['torch_compile']:g} x card {p.factors['card']:g}"
            + "".join(f" x {kf.name} {kf.factor:.3g} ({kf.kind}: {_short(kf.source)})"
                      for kf in kernels))
-    return Figure.projected(e.mfu, "fraction", how, rests_on=e.row.source,
+    return Figure.projected(mfu, "fraction", how, rests_on=", ".join(cell.runs),
                             distance=distance, kind=e.basis_kind, counted="MFU (model FLOPs; "
                             "recompute not counted)")

@@ -167,16 +167,36 @@ def _machine(ctx: _Ctx, card: Card, stage: str, fig: Figure | None, unit: str, w
                             "(machine-bound, not card-bound)")
 
 
-def _strategy(ctx: _Ctx, card: Card, count: int) -> str | None:
-    """The parallel strategy the quote assumes, or None when the run does not fit at ``count``."""
-    need = ctx.fit[card.id].devices_needed
-    ddp_ok = need.ddp == 1
-    fsdp_ok = need.fsdp is not None and count >= need.fsdp
+def _strategy(ctx: _Ctx, card: Card, count: int) -> tuple[str | None, str | None]:
+    """(the parallel strategy the quote assumes, why the fit is tight): strategy None when the
+    run does not fit at ``count`` even with no headroom; tight when it fits only with less free
+    memory than the headroom asked."""
+    row = ctx.fit[card.id]
+    need = row.devices_needed
+    room = _pick(ctx, count, need.ddp == 1, need.fsdp is not None and count >= need.fsdp)
+    if room is not None:
+        return room, None
+    tight = _pick(ctx, count, need.ddp_tight == 1,
+                  need.fsdp_tight is not None and count >= need.fsdp_tight)
+    return tight, _tight_reason(ctx, card, count) if tight else None
+
+
+def _pick(ctx: _Ctx, count: int, ddp_ok: bool, fsdp_ok: bool) -> str | None:
     if count == 1:
         return "single" if ddp_ok else None
     if ctx.spec.parallel.strategy == "fsdp" and fsdp_ok:
         return "fsdp"
     return "ddp" if ddp_ok else ("fsdp" if fsdp_ok else None)
+
+
+def _tight_reason(ctx: _Ctx, card: Card, count: int) -> str:
+    row = ctx.fit[card.id]
+    return (f"tight: the run fits {count} x {card.id} only with less free memory than the "
+            f"{row.headroom_asked:.0%} headroom asked (one card's device peak "
+            f"{fmt_bytes(row.device_peak_bytes)} of {fmt_bytes(row.capacity_bytes)}); a longer "
+            "batch than planned, allocator fragmentation or a library's workspace can run it out "
+            "of memory - a smaller micro_batch_size, activation_checkpointing or more cards give "
+            "room; ranked below runs with room")
 
 
 def _does_not_fit(ctx: _Ctx, card: Card, count: int) -> str:
@@ -340,7 +360,7 @@ def _terms(card: Card, count: int, job: Figure, term_s: int | None, options: dic
 
 def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict,
            spot: SpotAsk | None = None) -> Quote:
-    strategy = _strategy(ctx, card, count)
+    strategy, tight = _strategy(ctx, card, count)
     if strategy is None:
         raise UserError("card", _does_not_fit(ctx, card, count) + ".",
                         "Pick a card and count from `tunepilot compare SPEC`.")
@@ -367,7 +387,8 @@ def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict,
         notes.append(split.note)
     return Quote(
         spec_label=ctx.spec.label, spec_hash=ctx.spec.spec_hash(), card_id=card.id, count=count,
-        strategy=strategy, target_useful_tokens=target, optimizer_steps=steps,
+        strategy=strategy, precision=ctx.spec.precision, tight=tight,
+        target_useful_tokens=target, optimizer_steps=steps,
         tokens_per_step=tps, flops_per_token=Figure.projected(
             ctx.flops.train, "FLOP/token", ctx.flops.formula),
         throughput=throughput, time_terms=terms, job_s=job, term=term,
@@ -503,37 +524,84 @@ def _check_spot(card: Card, spot: SpotAsk | None) -> None:
 
 
 def compare(spec: RunSpec, *, run_dir: Path | str | None = None, catalog: Catalog | None = None,
-            base_dir: Path | None = None, spot: SpotAsk | None = None) -> Comparison:
+            base_dir: Path | None = None, spot: SpotAsk | None = None,
+            precisions: list[str] | None = None) -> Comparison:
     """Quote every fitting card x count (1, 2, 4, 8 and the fewest FSDP needs) on its cheapest
-    covering term and rank by cost per million useful tokens; a count whose node the offer's
-    host RAM cannot hold is not ranked (said, with the binding resource); the spot term beside
-    each row where the offer has a spot rate."""
+    covering term and rank by cost per million useful tokens, runs with room first, runs that
+    fit only with less headroom than asked after them; a count whose node the offer's host RAM
+    cannot hold is not ranked (said, with the binding resource); the spot term beside each row
+    where the offer has a spot rate. ``precisions``: rank the spec at each of these precisions
+    together (e.g. bf16-mixed against fp8-tensorwise)."""
     catalog = catalog or load_catalog()
     if spot is not None and spot.rate is not None:
         node_rate(catalog.cards[0], spot.rate)  # a bad rate is refused before any work
-    ctx = _context(spec, catalog, run_dir, None, base_dir)
-    rows, refused, dropped = [], [], []
-    for card in catalog.cards:
-        need = ctx.fit[card.id].devices_needed
-        least = 1 if need.ddp == 1 else need.fsdp
-        if least is None:
-            refused.append(Refusal(card=card.id, reason=_does_not_fit(ctx, card, 1)))
-            continue
-        counts = sorted({c for c in (*COMPARE_COUNTS, least, 2 * least)
-                         if least <= c <= max(COMPARE_COUNTS[-1], 2 * least)})
-        dropped += [f"{card.id} x {c}: the run does not fit fewer than {least} of them"
-                    for c in COMPARE_COUNTS if c < least]
-        host = {c: _host_fit(ctx, card, c, _strategy(ctx, card, c)) for c in counts}
-        if not any(f.fits for f in host.values()):
-            refused.append(Refusal(card=card.id, reason=host[counts[0]].reason))
-            continue
-        dropped += [f"{card.id} x {c}: {f.reason}" for c, f in host.items() if not f.fits]
-        rows += [_build(ctx, card, c, None, {}, spot) for c in counts if host[c].fits]
-    rows.sort(key=lambda q: (q.cost_per_million_term_usd is None,
+    rows, refused, dropped, notes, source = [], [], [], [], None
+    variants = _precision_variants(spec, precisions)
+    for sp in variants:
+        own = sp.precision == spec.precision
+        if run_dir is not None and not own:
+            notes.append(f"precision {sp.precision}: projected - the run directory is of the "
+                         f"spec's own precision ({spec.precision})")
+        ctx = _context(sp, catalog, run_dir if own else None, None, base_dir)
+        if own and ctx.run:
+            source = ctx.run.source()
+        tag = f" ({sp.precision})" if len(variants) > 1 else ""
+        r, f, d = _compare_cards(ctx, catalog, tag, spot)
+        rows, refused, dropped = rows + r, refused + f, dropped + d
+    rows.sort(key=lambda q: (q.tight is not None, q.cost_per_million_term_usd is None,
                              q.cost_per_million_term_usd or 0, q.job_s.value))
     return Comparison(spec_label=spec.label, spec_hash=spec.spec_hash(), rows=rows,
                       refused=refused, dropped=_dropped_spec_count(spec, rows) + dropped,
-                      run_dir=ctx.run.source() if ctx.run else None)
+                      assumptions=notes, precisions=[v.precision for v in variants],
+                      run_dir=source)
+
+
+def _precision_variants(spec: RunSpec, precisions: list[str] | None) -> list[RunSpec]:
+    """The spec at each precision asked (validated as a spec: fp8 with QLoRA is refused)."""
+    from tunepilot.spec import spec_from_dict
+
+    if not precisions:
+        return [spec]
+    out = []
+    for p in dict.fromkeys(precisions):
+        out.append(spec if p == spec.precision else spec_from_dict(
+            dict(spec.model_dump(mode="python"), precision=p), source=f"--precision {p}"))
+    return out
+
+
+def _compare_cards(ctx: _Ctx, catalog: Catalog, tag: str, spot: SpotAsk | None = None
+                   ) -> tuple[list[Quote], list[Refusal], list[str]]:
+    from tunepilot.fp8 import card_lacks_fp8
+
+    rows, refused, dropped = [], [], []
+    for card in catalog.cards:
+        why = card_lacks_fp8(ctx.spec, card)
+        if why:
+            refused.append(Refusal(card=card.id + tag, reason=why))
+            continue
+        need = ctx.fit[card.id].devices_needed
+        least = _least(need)
+        if least is None:
+            refused.append(Refusal(card=card.id + tag, reason=_does_not_fit(ctx, card, 1)))
+            continue
+        counts = sorted({c for c in (*COMPARE_COUNTS, least, 2 * least)
+                         if least <= c <= max(COMPARE_COUNTS[-1], 2 * least)})
+        dropped += [f"{card.id} x {c}{tag}: the run does not fit fewer than {least} of them"
+                    for c in COMPARE_COUNTS if c < least]
+        host = {c: _host_fit(ctx, card, c, _strategy(ctx, card, c)[0]) for c in counts}
+        if not any(f.fits for f in host.values()):
+            refused.append(Refusal(card=card.id + tag, reason=host[counts[0]].reason))
+            continue
+        dropped += [f"{card.id} x {c}{tag}: {f.reason}" for c, f in host.items() if not f.fits]
+        rows += [_build(ctx, card, c, None, {}, spot) for c in counts if host[c].fits]
+    return rows, refused, dropped
+
+
+def _least(need) -> int | None:
+    """The fewest cards the run fits on, with the headroom asked or, failing that, tight."""
+    options = [1 if need.ddp == 1 or need.ddp_tight == 1 else None, need.fsdp, need.fsdp_tight]
+    options = [o for o in options if o is not None]
+    return min(options) if options else None
 
 
 def _dropped_spec_count(spec: RunSpec, rows: list[Quote]) -> list[str]:

@@ -8,13 +8,17 @@ Per card, best evidence first:
   throughput model (cost/mfu.py: by implementation, method, precision and card, each value from
   a published measurement).
 N cards: N x scaling efficiency x one card, the efficiency measured by scale.json on this card
-(exact when its nproc is N) or assumed (cost_model.yaml scaling_efficiency_assumed).
+(exact when its nproc is N) or from cost_model.yaml: assumed within a node, by node count from
+published multi-node runs past one (scaling_efficiency_by_nodes, its column set by the tokens
+each card processes per optimizer step under the global-batch rule).
+An FP8 spec measured by a pilot (which runs bf16: pilot/prepare.py) is quoted with the FP8
+recipe's speed-up over bf16 from the time model (cost/calibration.py fp8_speedup).
 """
 
 from __future__ import annotations
 
 from tunepilot.catalog import Card
-from tunepilot.cost.assumptions import assumed, efficiency_assumed
+from tunepilot.cost.assumptions import assumed, efficiency_parts
 from tunepilot.cost.measurements import measured_value
 from tunepilot.model.flops import (
     MFU_RULE,
@@ -62,28 +66,44 @@ def processed_length(ctx) -> Figure:
                             "sequence_length (synthetic data: every sample full length)")
 
 
-def _with_levers(ctx, tps: float, how: str, basis: str) -> Figure:
+def _with_levers(ctx, card: Card, tps: float, how: str, basis: str) -> Figure:
     """A throughput the pilot measured with the spec's levers off (it runs the plain step),
     times each lever's speed factor, said per lever: a pilot and a no-pilot quote of the same
     spec then count the same levers."""
     from tunepilot.cost.mfu import pilot_lever_factors
 
-    levers = pilot_lever_factors(ctx.spec)
+    levers = pilot_lever_factors(ctx.spec) + _fp8_lever(ctx, card)
     if not levers:
         return Figure(value=tps, unit="tokens/s", basis=basis, how=how)
     factor = 1.0
     for lv in levers:
         factor *= lv.factor
-    said = "; ".join(f"x {lv.factor:g} for {lv.lever} ({lv.kind}: {lv.source})" for lv in levers)
+    said = "; ".join(f"x {lv.factor:.3g} for {lv.lever} ({lv.kind}: {lv.source})"
+                     for lv in levers)
     return Figure.projected(tps * factor, "tokens/s", f"{how}, measured with the spec's levers "
                             f"off (the pilot runs the plain step) {said}",
                             levers={lv.lever: lv.factor for lv in levers})
 
 
+def _fp8_lever(ctx, card: Card) -> list:
+    """An FP8 spec's pilot ran bf16 (FP8 is not measured): the recipe's speed-up on this card."""
+    if not ctx.spec.is_fp8:
+        return []
+    from tunepilot.cost.calibration import fp8_speedup
+    from tunepilot.cost.mfu import LeverFactor, card_family
+
+    s = ctx.spec
+    value, how = fp8_speedup(s.model.implementation, card_family(card.id), s.method.kind,
+                             s.precision, card.peak_flops("bf16"), card.peak_flops("fp8"))
+    return [LeverFactor(s.precision, value, "derived", how)]
+
+
 def per_card(ctx, card: Card, useful: Figure) -> Figure:
     """Useful tokens/s of one card of this kind (as if the run fitted on one)."""
     from tunepilot.errors import UserError
+    from tunepilot.fp8 import require_fp8_card
 
+    require_fp8_card(ctx.spec, card)
     key = peak_precision(ctx.spec)
     peak = card.peak_flops(key)
     if peak is None:
@@ -92,15 +112,17 @@ def per_card(ctx, card: Card, useful: Figure) -> Figure:
     pilot = run.pilot if run else None
     measured = measured_value(pilot.throughput.useful_tokens_per_s) if pilot else None
     if measured and run.card_id == card.id:
-        return _with_levers(ctx, measured, f"pilot.json throughput.useful_tokens_per_s on "
+        return _with_levers(ctx, card, measured, f"pilot.json throughput.useful_tokens_per_s on "
                             f"{card.id}", MEASURED)
     if measured and run.card_id is not None:
         m = ctx.catalog.get(run.card_id)
         f = assumed("compute_bound_fraction")
+        key = "bf16" if ctx.spec.is_fp8 else key  # the pilot ran bf16; FP8's gain comes after
+        peak = card.peak_flops(key)
         m_peak = m.peak_flops(key) or peak
         ratio = f * m_peak / peak + (1 - f) * m.hbm_bandwidth_tbps / card.hbm_bandwidth_tbps
         return _with_levers(
-            ctx, measured / ratio,
+            ctx, card, measured / ratio,
             f"{measured:,.0f} tokens/s measured on {m.id}; step time x ({f:g} x {key} peak "
             f"{m_peak / 1e12:g}/{peak / 1e12:g} + {1 - f:g} x HBM {m.hbm_bandwidth_tbps:g}/"
             f"{card.hbm_bandwidth_tbps:g}) (compute_bound_fraction assumed)", PROJECTED)
@@ -141,9 +163,10 @@ def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Fig
                              f"scale.json strategies.{strategy}.efficiency measured at "
                              f"nproc={entry.nproc} on {card.id}, applied at {count}")
     else:
-        e = Figure.projected(efficiency_assumed(strategy, count), "fraction",
-                             f"assumed {strategy} efficiency at {count} cards (cost_model.yaml "
-                             "scaling_efficiency_assumed)")
+        value, how = efficiency_parts(strategy, count, None,
+                                      ctx.spec.tokens_per_step_on(count) / count,
+                                      card.peak_flops("bf16") / 1e12)
+        e = Figure.projected(value, "fraction", f"{count} cards: {how}")
     return e, Figure.projected(count * e.value * one.value, "tokens/s",
                                f"{count} x efficiency {e.value:.3g} x {one.value:,.0f} tokens/s "
                                "per card")

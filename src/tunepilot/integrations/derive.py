@@ -84,12 +84,17 @@ def derive_spec(model: Any, out_dir: Path, *, micro_batch_size: int, accumulatio
     """(RunSpec, Arch, notes) of the live run; writes spec.yaml and model-config.json."""
     import yaml
 
+    from tunepilot.integrations.fp8_seen import fp8_in_use
     from tunepilot.model.arch import resolve_arch
     from tunepilot.spec import load_spec
     from tunepilot.store import atomic_write_bytes
 
     notes: list[str] = []
     base, method = _base_model(model)
+    fp8, seen = fp8_in_use(model)  # FP8 modules decide the precision whatever the flags say
+    if fp8 and method["kind"] != "qlora":
+        precision = fp8
+        notes.append(seen)
     config = getattr(base, "config", None)
     if config is None or not hasattr(config, "to_json_string"):
         raise ValueError("the model has no transformers config: the spec cannot name it")

@@ -24,7 +24,8 @@ from tunepilot.restore.callbacks import PROOF_CHECKPOINT_ENV, PROOF_ENV, ProofRe
 __all__ = ["TunepilotCallback", "resume_from"]
 
 _PRECISION = {"bf16-mixed": "bf16-mixed", "16-mixed": "fp16-mixed", "bf16-true": "bf16-true",
-              "bf16": "bf16-mixed", "16": "fp16-mixed"}
+              "bf16": "bf16-mixed", "16": "fp16-mixed", "transformer-engine": "fp8-te",
+              "transformer-engine-float16": "fp8-te"}
 _OPTIMIZERS = {"AdamW": "adamw", "Adam": "adamw", "SGD": "sgd", "Adafactor": "adafactor",
                "AdamW8bit": "adamw_8bit", "PagedAdamW": "paged_adamw",
                "PagedAdamW8bit": "paged_adamw_8bit"}

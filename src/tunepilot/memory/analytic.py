@@ -139,7 +139,7 @@ def _model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
     frozen = _frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
     copies, copy_b = variants.saved_module_bytes(arch, spec)  # modules_to_save: base dtype
     trainable_bytes = (params.trainable - copies) * pb + copies * copy_b
-    if spec.precision.endswith("-mixed"):  # the fp32 parameters updated are the master copy
+    if spec.mixed:  # the fp32 parameters updated are the master copy
         weights, master = frozen, trainable_bytes
     else:
         weights, master = frozen + trainable_bytes, 0
@@ -239,14 +239,25 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
     shard = spec.parallel.world_size if spec.parallel.strategy == "fsdp" else 1
     saved, layer_ws = saved_activations(arch, spec, cb, sb, tokens)
     casts_fwd = casts_bwd = 0
-    if spec.precision.endswith("-mixed") and (spec.method.kind == "full"
-                                              or spec.frozen_base_dtype == "fp32"):
+    if spec.mixed and (spec.method.kind == "full" or spec.frozen_base_dtype == "fp32"):
         # autocast casts each fp32 weight to 16 bit per matmul and caches the trainable ones
         # until the forward ends; autograd saves the casts for the input gradients - unless the
         # layer is checkpointed, then only lm_head's (outside the checkpointed layers) survives.
         casts_fwd = 2 * (s.linear_weights + s.lm_head_weights) // shard
         casts_bwd = casts_fwd if spec.activation_checkpointing == "none" else \
             2 * s.lm_head_weights // shard
+    fp8_ws = 0
+    if spec.is_fp8:  # FP8's casts, saves, working set and all-gather (memory/fp8.py)
+        from tunepilot.memory.fp8 import fp8_terms
+
+        f8 = fp8_terms(spec, arch, cb, tokens, shard, s.linear_weights, casts_fwd)
+        saved += f8.saved_delta
+        casts_fwd += f8.casts_delta
+        if spec.activation_checkpointing == "none":
+            casts_bwd += f8.casts_delta
+        s.unsharded += f8.unsharded_delta
+        fp8_ws = f8.transient
+        s.notes += f8.notes
     logits_kept, logits_transient = logits_bytes(arch, spec, cb, tokens)
     layer_bwd = layer_backward_bytes(arch, spec, cb, tokens) if \
         spec.activation_checkpointing == "none" else 0  # (checkpointed: the recompute's)
@@ -271,11 +282,11 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
     no_grad = no_grad_forward_bytes(spec, arch, cb, tokens, lp["reference"]) if lp else 0
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
-                   max(logits_fwd, dora) + s.unsharded, s.buckets),
+                   max(logits_fwd, dora, fp8_ws) + s.unsharded, s.buckets),
         Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
                    max(logits_transient, layer_bwd) + s.unsharded, s.buckets),
         Phase.make("backward-end", *states, grads, s.optim, layer_ws,
-                   cb * largest + dequant + recompute + s.unsharded + (
+                   cb * largest + dequant + recompute + fp8_ws + s.unsharded + (
                        optim_temp if grads < s.grads else 0), s.buckets),
         Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
         _validation_phase(spec, arch, s, cb, sb),

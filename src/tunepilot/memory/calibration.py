@@ -158,11 +158,14 @@ def make_calibrated_plan(spec: RunSpec, run_dir: Path | str, *, catalog: Catalog
     cal = load_calibration(run_dir)
     catalog = catalog or load_catalog()
     arch = resolve_arch(spec, base_dir)
-    cards = catalog.select(card_ids)
+    from tunepilot.fp8 import cards_for
+
+    cards, left_out = cards_for(spec, catalog, card_ids)
     stack = cards[0].software_stack if cards else "cuda"
     planner = calibrated_planner(cal)
     plan = planner(spec, arch, stack)
     plan.cards = [fit_card(spec, arch, card, planner, headroom, plan) for card in cards]
+    plan.assumptions += left_out
     attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     return plan

@@ -1,7 +1,9 @@
 """Fit a memory plan against cards: headroom, devices needed, and the inverse queries.
 
 A card fits when the device-level peak (allocator reserve + runtime context + workspaces +
-collective buffers) leaves at least `headroom` of the card's memory free.
+collective buffers) leaves at least `headroom` of the card's memory free. A run whose peak fits
+the card but leaves less free than that is "tight": the fit says at how many cards
+(DevicesNeeded.ddp_tight / fsdp_tight), and the quote prices it, ranked below runs with room.
 """
 
 from __future__ import annotations
@@ -31,15 +33,19 @@ def fits(device_peak_bytes: int, capacity_bytes: int, headroom: float) -> bool:
 def fit_card(spec: RunSpec, arch: Arch, card: Card, planner: Planner,
              headroom: float = DEFAULT_HEADROOM, plan: MemoryPlan | None = None) -> CardFit:
     """One row of the fit table for `card`. A colocated vLLM's reserve is a share of this card
-    (objective_phases.card_device_peak), so the row's device peak is the card's own."""
+    (objective_phases.card_device_peak), so the row's device peak is the card's own. Counts
+    that fit only with less free memory than ``headroom`` are the *_tight counts."""
     stack = card.software_stack
     plan = plan if plan is not None and plan.stack == stack else planner(spec, arch, stack)
     cap = card.capacity_bytes
     peak, phase = card_device_peak(plan, spec, cap)
 
-    def ok(s: RunSpec | None) -> bool:
+    def ok(s: RunSpec | None, room: float = headroom) -> bool:
         return s is not None and fits(card_device_peak(planner(s, arch, stack), s, cap)[0],
-                                      cap, headroom)
+                                      cap, room)
+
+    def tight(s: RunSpec | None) -> bool:  # fits the card, with less free than the headroom asked
+        return ok(s, 0.0)
 
     def largest(field: str, upper: int) -> int:
         """The largest value of ``field`` that fits: micro-batches in _batch_step steps; a
@@ -54,14 +60,18 @@ def fit_card(spec: RunSpec, arch: Arch, card: Card, planner: Planner,
                                (upper - base) // step)[0]
         return base + best * step if best else 0
 
-    reserve = vllm_reserve_bytes(spec, cap)
+    ddp, fsdp = _ddp_devices(spec, ok), _fsdp_devices(spec, ok)
+    ddp_tight = _ddp_devices(spec, tight) if ddp is None else None
+    fsdp_tight = _fsdp_devices(spec, tight, below=fsdp)
     return CardFit(
         card=card.id, capacity_bytes=cap, device_peak_bytes=peak,
         fits=fits(peak, cap, headroom), headroom_fraction=1.0 - peak / cap,
-        devices_needed=DevicesNeeded(ddp=_ddp_devices(spec, ok), fsdp=_fsdp_devices(spec, ok)),
+        devices_needed=DevicesNeeded(ddp=ddp, fsdp=fsdp, ddp_tight=ddp_tight,
+                                     fsdp_tight=fsdp_tight),
         max_micro_batch=largest("micro_batch_size", MAX_SEARCH_MICRO_BATCH),
         max_sequence_length=largest("sequence_length", MAX_SEARCH_SEQ),
-        peak_phase=phase, generation_reserve_bytes=reserve)
+        peak_phase=phase, generation_reserve_bytes=vllm_reserve_bytes(spec, cap),
+        headroom_asked=headroom)
 
 
 def _batch_step(spec: RunSpec) -> int:
@@ -105,9 +115,13 @@ def _ddp_devices(spec: RunSpec, ok: Callable[[RunSpec | None], bool]) -> int | N
     return 1 if ok(_changed(spec, "parallel", par)) else None
 
 
-def _fsdp_devices(spec: RunSpec, ok: Callable[[RunSpec | None], bool]) -> int | None:
-    """The fewest ranks whose FSDP shards fit (activations are per rank and do not shrink)."""
+def _fsdp_devices(spec: RunSpec, ok: Callable[[RunSpec | None], bool], below: int | None = None
+                  ) -> int | None:
+    """The fewest ranks whose FSDP shards fit (activations are per rank and do not shrink),
+    fewer than ``below`` when given."""
     for n in FSDP_COUNTS:
+        if below is not None and n >= below:
+            return None
         par = dict(spec.parallel.model_dump(), strategy="fsdp" if n > 1 else "single",
                    devices=min(n, 8), nodes=max(1, n // 8))
         if ok(_changed(spec, "parallel", par)):

@@ -20,10 +20,13 @@ def make_plan(spec: RunSpec, *, catalog: Catalog | None = None, card_ids: list[s
     """The analytic plan of `spec`, fitted against `card_ids` (default: every catalog card)."""
     catalog = catalog or load_catalog()
     arch = arch or resolve_arch(spec, base_dir)
-    cards = catalog.select(card_ids)
+    from tunepilot.fp8 import cards_for
+
+    cards, left_out = cards_for(spec, catalog, card_ids)
     stack = cards[0].software_stack if cards else "cuda"
     plan = analytic_plan(spec, arch, stack)
     plan.cards = [fit_card(spec, arch, card, analytic_plan, headroom, plan) for card in cards]
+    plan.assumptions += left_out
     attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input

@@ -83,7 +83,9 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
     catalog = catalog or load_catalog()
     config = resolve_model_config(spec, base_dir)
     arch = Arch.from_config(config)
-    cards = catalog.select(card_ids)
+    from tunepilot.fp8 import cards_for
+
+    cards, left_out = cards_for(spec, catalog, card_ids)
     stack = cards[0].software_stack if cards else "cuda"
     analytic = analytic_plan(spec, arch, stack)
     t0 = time.perf_counter()
@@ -97,6 +99,7 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
         plan.trace["wall_s"] = round(time.perf_counter() - t0, 2)
         planner = scaled_planner(plan, analytic)
     plan.cards = [fit_card(spec, arch, c, planner, headroom, plan) for c in cards]
+    plan.assumptions += left_out
     attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input
@@ -113,7 +116,9 @@ def trace_in_child(spec: RunSpec, config: dict, stack: str, *,
     from pydantic import ValidationError
 
     timeout = float(timeout_s or os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
-    job = TraceJob(spec=spec.model_dump(mode="json"), config=config, stack=stack)
+    from tunepilot.fp8 import bf16_stand_in
+
+    job = TraceJob(spec=bf16_stand_in(spec).model_dump(mode="json"), config=config, stack=stack)
     try:
         raw = run_child("tunepilot.memory.trace_step", job.model_dump(mode="json"),
                         timeout_s=timeout, what="the trace process")
@@ -196,6 +201,12 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     if strategy == "fsdp" and N > 1:
         phases_in, fsdp_notes = _derive_fsdp(spec, raw, phases_in)
         notes += fsdp_notes
+    if spec.is_fp8:  # the trace ran the bf16 stand-in: FP8's difference is modelled on top
+        phases_in = _fp8_on_trace(spec, arch, stack, phases_in)
+        notes.append(f"{spec.precision}: traced as bf16-mixed (FP8 kernels do not run on a "
+                     "CPU); FP8's difference in each phase - weight casts, saved inputs, the "
+                     "FP8 working set, the FP8 all-gather - from the analytic model "
+                     "(memory/fp8.py), MODELLED, not traced")
     elif strategy == "ddp" and N > 1:
         buckets = raw.model.trainable_bytes
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
@@ -394,8 +405,34 @@ def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, phases:
     return out
 
 
+def _fp8_on_trace(spec: RunSpec, arch: Arch | None, stack: str, phases: list[dict]
+                  ) -> list[dict]:
+    """Each traced phase of the bf16 stand-in plus FP8's difference in the analytic plan's
+    matching phase (fp8 minus bf16, per component, never below zero)."""
+    from tunepilot.fp8 import bf16_stand_in
+
+    if arch is None:
+        raise ValueError("an FP8 spec on a traced plan needs the architecture")
+    fp8 = {p.name: p for p in analytic_plan(spec, arch, stack).phases}
+    bf16 = {p.name: p for p in analytic_plan(bf16_stand_in(spec), arch, stack).phases}
+    backward = max(("loss-backward", "backward-end"), key=lambda n: bf16[n].total_bytes)
+    out = []
+    for p in phases:
+        name = p["name"]
+        match = ("forward-end" if name.endswith("forward") else backward
+                 if name.endswith("backward") else "optimizer-step"
+                 if name.startswith("optimizer") else name if name in fp8 else None)
+        q = dict(p)
+        if match is not None:
+            for c in COMPONENTS:
+                delta = getattr(fp8[match], f"{c}_bytes") - getattr(bf16[match], f"{c}_bytes")
+                q[c] = max(0, p[c] + delta)
+        out.append(q)
+    return out
+
+
 def _is_master(spec: RunSpec, trainable: bool) -> bool:
-    return trainable and spec.precision.endswith("-mixed")
+    return trainable and spec.mixed
 
 
 def scaled_planner(traced: MemoryPlan, analytic: MemoryPlan):

@@ -198,7 +198,7 @@ def dora_magnitude_params(arch: Arch, spec: RunSpec) -> int:
 def _dora_dtypes(spec: RunSpec) -> tuple[bool, int, int, bool]:
     """(autocast on, adapter/input bytes, 16-bit compute bytes, the base weight needs a cast
     to the adapter's dtype)."""
-    autocast = spec.precision.endswith("-mixed")
+    autocast = spec.mixed
     ab = DTYPE_BYTES[spec.trainable_dtype]
     base = "bf16" if spec.method.kind == "qlora" else spec.frozen_base_dtype
     return autocast, ab, 4 if spec.precision == "fp32" else 2, DTYPE_BYTES[base] != ab

@@ -19,8 +19,11 @@ from tunepilot.model.arch import Arch, linear_modules, lora_targets, param_count
 # Bytes per element by dtype name.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # Precision of the run -> the catalog's peak_tflops key its matmuls run at (QLoRA computes in
-# bf16; fp32 matmuls run on TF32 tensor cores only where torch allows it).
-PEAK_KEY = {"bf16-mixed": "bf16", "bf16-true": "bf16", "fp16-mixed": "fp16", "fp32": "fp32"}
+# bf16; fp32 matmuls run on TF32 tensor cores only where torch allows it; FP8 training's MFU is
+# over the dense FP8 peak, as NVIDIA's published FP8 MFU is, though attention, norms and the
+# loss still run in bf16).
+PEAK_KEY = {"bf16-mixed": "bf16", "bf16-true": "bf16", "fp16-mixed": "fp16", "fp32": "fp32",
+            "fp8-tensorwise": "fp8", "fp8-rowwise": "fp8", "fp8-te": "fp8"}
 # bitsandbytes 8-bit optimizers: two uint8 states + one fp32 absmax per 256-element block each
 # (bitsandbytes Optimizer2State.init_state, blocksize 256).
 ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256

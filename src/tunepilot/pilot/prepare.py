@@ -57,6 +57,11 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     notes += modelled
     pilot_spec, kernels = without_gpu_kernels(pilot_spec)
     notes += kernels
+    if pilot_spec.is_fp8:  # FP8 is not measured: the pilot runs its bf16-mixed stand-in
+        from tunepilot.fp8 import bf16_stand_in, pilot_note
+
+        notes.append(pilot_note(pilot_spec))
+        pilot_spec = bf16_stand_in(pilot_spec)
     check_device_features(pilot_spec, info)
     arch = resolve_arch(pilot_spec, options.base_dir)
     plan = analytic_plan(pilot_spec, arch, info.kind)

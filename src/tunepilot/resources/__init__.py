@@ -8,6 +8,7 @@ RESOURCES = Path(__file__).resolve().parent
 CATALOG_YAML = RESOURCES / "catalog.yaml"
 COST_MODEL_YAML = RESOURCES / "cost_model.yaml"
 THROUGHPUT_MODEL_YAML = RESOURCES / "throughput_model.yaml"
+THROUGHPUT_RUNS_YAML = RESOURCES / "throughput_runs.yaml"
 RUNTIME_YAML = RESOURCES / "runtime.yaml"
 DEMO_SPEC_YAML = RESOURCES / "demo.yaml"
 PRESETS_DIR = RESOURCES / "presets"

@@ -89,6 +89,10 @@ class PerDevice(Model):
 class DevicesNeeded(Model):
     ddp: int | None
     fsdp: int | None
+    ddp_tight: int | None = None
+    """1 when one card fits only with less free memory than the headroom asked (ddp is None)"""
+    fsdp_tight: int | None = None
+    """the fewest FSDP ranks that fit with less headroom than asked, when fewer than ``fsdp``"""
 
 
 class CardFit(Model):
@@ -109,6 +113,8 @@ class CardFit(Model):
     allocator (computed: vLLM's allocator does not run on a CPU)"""
     host: HostFit | None = None
     """the host plan against the card's offer (host RAM, local disk) and which resource binds"""
+    headroom_asked: float = 0.10
+    """the free fraction of the card the fit asked for (plan --headroom)"""
 
 
 class MemoryPlan(StageResult):

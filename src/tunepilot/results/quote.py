@@ -119,6 +119,11 @@ class Quote(StageResult, _Derived):
     card_id: str
     count: int
     strategy: str
+    precision: str | None = None
+    """the spec's precision (compare --precision ranks several)"""
+    tight: str | None = None
+    """why the run fits the card only with less free memory than the headroom asked (None: it
+    has room); compare ranks tight runs below runs with room"""
     target_useful_tokens: float
     optimizer_steps: int
     tokens_per_step: int
@@ -174,4 +179,6 @@ class Comparison(StageResult):
     dropped: list[str] = Field(default_factory=list)
     """counts left out of the ranking, each with why"""
     assumptions: list[str] = Field(default_factory=list)
+    precisions: list[str] = Field(default_factory=list)
+    """the precisions ranked together (compare --precision), when more than the spec's"""
     run_dir: RunSource | None = None

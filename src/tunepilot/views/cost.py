@@ -44,9 +44,12 @@ def render_term(term: TermCost, title: str) -> None:
 
 
 def render_quote(q: Quote) -> None:
-    console.print(f"[bold]{q.spec_label}[/bold] on {q.count} x {q.card_id} ({q.strategy}); target "
+    console.print(f"[bold]{q.spec_label}[/bold] on {q.count} x {q.card_id} ({q.strategy}"
+                  + (f", {q.precision}" if q.precision else "") + "); target "
                   f"{q.target_useful_tokens:,.0f} useful tokens = {q.optimizer_steps:,} optimizer "
                   f"steps of {q.tokens_per_step:,} tokens")
+    if q.tight:
+        console.print(f"[yellow]{escape(q.tight)}[/yellow]")
     if q.batch is not None:
         b = q.batch
         console.print(f"global batch {b.global_batch_samples:,} samples on every card count "
@@ -180,11 +183,13 @@ def render_spot(q: Quote) -> None:
 
 
 def render_compare(c: Comparison) -> None:
+    several = len(c.precisions) > 1
     t = _table(f"{c.spec_label}: every card x count that fits, by cost per million useful tokens "
-               "(cheapest term covering the job + safety margin)",
-               ["#", "card", "count", "strategy", "useful tokens/s", "time to finish", "term",
-                "term cost", "$/M tokens (term)", "$/M tokens (job)",
-                "job: on-demand / spot expected", "binds", "terms measured"],
+               "(cheapest term covering the job + safety margin; tight fits last)",
+               ["#", "card", "count", "strategy"] + (["precision"] if several else [])
+               + ["useful tokens/s", "time to finish", "term", "term cost", "$/M tokens (term)",
+                  "$/M tokens (job)", "job: on-demand / spot expected", "binds",
+                  "terms measured"],
                ("#", "count", "useful tokens/s", "term cost", "$/M tokens (term)",
                 "$/M tokens (job)", "job: on-demand / spot expected"))
     t.columns[1].no_wrap = True
@@ -193,7 +198,8 @@ def render_compare(c: Comparison) -> None:
         mfu = q.throughput.per_card.extra("mfu") or {}
         kind = mfu.get("kind") if isinstance(mfu, dict) else None
         mark = f"{f.basis[0]}" + (f", MFU {kind}" if kind and not f.is_measured else "")
-        t.add_row(str(rank), q.card_id, str(q.count), q.strategy,
+        t.add_row(str(rank) + (" tight" if q.tight else ""), q.card_id, str(q.count),
+                  q.strategy, *([q.precision or ""] if several else []),
                   f"{f.value:,.0f} ({mark})", f"{q.job_s.value / 3600:,.2f} h "
                   f"({q.job_s.basis[0]})", f"{q.term.term_s / 3600:,.2f} h"
                   + (f" ({q.term.discount_term})" if q.term.discount_term else ""),
@@ -204,10 +210,13 @@ def render_compare(c: Comparison) -> None:
     console.print(t)
     console.print("(m) measured on that card, (p) projected (see `tunepilot quote ... ` for the "
                   "rule behind each figure); MFU published / derived / assumed: what the "
-                  "projected throughput rests on (resources/throughput_model.yaml). Prices are "
+                  "projected throughput rests on (resources/throughput_runs.yaml). Prices are "
                   "the catalog's. Job: the job alone at the on-demand rate / on spot with its "
                   "interruptions priced, checkpointing every T (quote shows "
                   "T and the spread); binds: the resource nearest its limit.")
+    if any(q.tight for q in c.rows):
+        console.print("tight: fits the card with less free memory than the plan's headroom "
+                      "(see `tunepilot quote` for why); ranked after every run with room.")
     for r in c.refused:
         console.print(f"[red]not ranked[/red] {r.card}: {escape(r.reason)}")
     for d in c.dropped:

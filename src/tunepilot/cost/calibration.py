@@ -1,0 +1,269 @@
+"""The time model fitted on published runs: one MFU per cell - implementation x card group x
+method x precision - the median of the cell's runs normalised to one card (throughput_model.yaml
+explains the normalisation); a cell with no run is reached from the nearest fitted one through
+ratios of cells fitted on both sides, each named.
+
+Only the runs cost/runs.py does not hold out are fitted: the benchmark projects the held-out
+ones with exactly the functions the quote uses (``estimate_setting``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cache
+
+from tunepilot.cost.assumptions import efficiency_parts
+
+# The dimensions of a cell (position in its key), and the order in which a missing cell borrows
+# from a neighbour: the cheapest difference first.
+DIMENSIONS = {"precision": 3, "layout": 4, "method": 2, "group": 1}
+DP, MP = "data-parallel", "model-parallel"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the time model needs of a run, a published one or the spec being quoted."""
+
+    implementation: str
+    family: str
+    method: str
+    precision: str
+    activation_checkpointing: str = "none"
+    torch_compile: bool = False
+    strategy: str = "single"
+    count: int = 1
+    nodes: int | None = None
+    tokens_per_replica_step: float | None = None
+    hardware: str | None = None
+    peak_tflops: float | None = None
+    """the card's dense BF16 peak (the scaling rule counts tokens in H100-equivalents)"""
+    model_parallel: bool = False
+    """tensor / pipeline / context parallel (a published run's; a spec is data parallel/FSDP)"""
+
+    @property
+    def precision_class(self) -> str:
+        """bf16-mixed and bf16-true (and fp16, same peak) share cells; each FP8 recipe its own."""
+        return self.precision if self.precision.startswith("fp8") else "bf16"
+
+    @property
+    def layout(self) -> str:
+        return MP if self.model_parallel else DP
+
+
+Key = tuple[str, str, str, str, str]  # implementation, group, method, precision class, layout
+
+
+@dataclass(frozen=True)
+class Cell:
+    key: Key
+    base: float  # median one-card MFU of its runs
+    runs: tuple[str, ...]
+    spread: tuple[float, float]  # lowest and highest base of its runs
+
+    @property
+    def label(self) -> str:
+        return " x ".join(self.key)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One conversion on the way from a fitted cell to the cell asked for."""
+
+    dimension: str
+    factor: float
+    how: str
+
+
+@dataclass
+class Route:
+    cell: Cell
+    steps: list[Step] = field(default_factory=list)
+    assumed: str | None = None  # no run of the implementation: whose cells were used
+
+    @property
+    def factor(self) -> float:
+        f = 1.0
+        for s in self.steps:
+            f *= s.factor
+        return f
+
+
+def group_of(family: str) -> str:
+    from tunepilot.cost.mfu import throughput_model
+
+    row = throughput_model().cards.get(family)
+    return row.group if row else family
+
+
+def card_factor(family: str) -> float:
+    from tunepilot.cost.mfu import throughput_model
+
+    row = throughput_model().cards.get(family)
+    return row.factor if row else 1.0
+
+
+def run_factors(s: Setting) -> dict[str, float]:
+    """The factors between a run's MFU and its cell's one-card base (their product)."""
+    from tunepilot.cost.mfu import throughput_model
+
+    tm = throughput_model()
+    ac = tm.checkpointing.get(s.activation_checkpointing, tm.checkpointing["full"]).factor
+    eff = efficiency_parts(s.strategy, s.count, s.nodes, s.tokens_per_replica_step,
+                           s.peak_tflops)[0]
+    hw = tm.hardware[s.hardware].factor if s.hardware else 1.0
+    return {"checkpointing": ac, "torch_compile": tm.torch_compile.factor if s.torch_compile
+            else 1.0, "scaling": eff, "card": card_factor(s.family), "hardware": hw}
+
+
+def _product(factors: dict[str, float]) -> float:
+    p = 1.0
+    for v in factors.values():
+        p *= v
+    return p
+
+
+def setting_of_run(run) -> Setting:
+    from tunepilot.catalog import load_catalog
+    from tunepilot.cost.mfu import card_family
+
+    peak = load_catalog().get(run.card).peak_flops("bf16") / 1e12
+    return Setting(run.implementation, card_family(run.card), run.method, run.precision,
+                   run.activation_checkpointing, run.torch_compile, run.strategy, run.count,
+                   run.nodes, run.tokens_per_replica_step, run.hardware, peak,
+                   run.replica_gpus > 1)
+
+
+def measured_mfu(run) -> float:
+    """A published run's MFU by MFU_RULE, on the catalog card it is projected on."""
+    from tunepilot.catalog import load_catalog
+    from tunepilot.cost.runs import run_spec
+    from tunepilot.model.arch import Arch, load_preset
+    from tunepilot.model.flops import mfu, peak_precision
+
+    spec = run_spec(run)
+    arch = Arch.from_config(load_preset(run.model))
+    peak = load_catalog().get(run.card).peak_flops(peak_precision(spec))
+    return mfu(arch, spec, run.tokens_per_s_per_gpu, run.sequence_length, peak)
+
+
+@dataclass
+class Fit:
+    cells: dict[Key, Cell]
+
+    def ratios(self, dimension: str) -> dict[tuple[str, str], list[tuple[float, str]]]:
+        """(to, from) -> [(cell ratio, which cells)] over every pair of fitted cells that differ
+        in ``dimension`` only."""
+        index = DIMENSIONS[dimension]
+        out: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
+        for a in self.cells.values():
+            for b in self.cells.values():
+                if a is b or a.key[index] == b.key[index]:
+                    continue
+                if all(a.key[i] == b.key[i] for i in range(5) if i != index):
+                    out[(a.key[index], b.key[index])].append(
+                        (a.base / b.base, f"{a.label} / {b.label}"))
+        return out
+
+    def ratio(self, dimension: str, to: str, frm: str) -> Step | None:
+        pairs = self.ratios(dimension).get((to, frm))
+        if not pairs:
+            return None
+        value = statistics.median(r for r, _ in pairs)
+        return Step(dimension, value, f"{frm} -> {to} x{value:.3g} (derived: median of "
+                    f"{len(pairs)} fitted cell ratio(s): " + "; ".join(w for _, w in pairs) + ")")
+
+
+@cache
+def fitted() -> Fit:
+    """The cells of the runs that are not held out."""
+    from tunepilot.cost.runs import fit_runs
+
+    bases: dict[Key, list[tuple[float, str]]] = defaultdict(list)
+    for run in fit_runs():
+        s = setting_of_run(run)
+        base = measured_mfu(run) / _product(run_factors(s))
+        bases[key_of(s)].append((base, run.id))
+    cells = {}
+    for key, items in bases.items():
+        values = [b for b, _ in items]
+        cells[key] = Cell(key, statistics.median(values), tuple(i for _, i in items),
+                          (min(values), max(values)))
+    return Fit(cells)
+
+
+def key_of(s: Setting) -> Key:
+    return (s.implementation, group_of(s.family), s.method, s.precision_class, s.layout)
+
+
+def route(want: Key) -> Route:
+    """The fitted cell a setting's key is projected from, and the conversions to it."""
+    from tunepilot.cost.mfu import throughput_model
+
+    fit = fitted()
+    assumed = None
+    if want[0] not in {k[0] for k in fit.cells}:
+        assumed = throughput_model().default_implementation
+        want = (assumed, *want[1:])
+    best = None
+    for key, cell in fit.cells.items():
+        if key[0] != want[0]:
+            continue
+        steps = []
+        for dim, i in DIMENSIONS.items():
+            if key[i] != want[i]:
+                step = fit.ratio(dim, want[i], key[i])
+                if step is None:
+                    steps = None
+                    break
+                steps.append(step)
+        if steps is None:
+            continue
+        cost = sum(4 ** list(DIMENSIONS).index(s.dimension) for s in steps)
+        rank = (cost, -len(cell.runs))
+        if best is None or rank < best[0]:
+            best = (rank, Route(cell, steps, assumed))
+    if best is None:
+        raise LookupError(f"no fitted cell reaches {' x '.join(want)}")
+    return best[1]
+
+
+@dataclass(frozen=True)
+class Projection:
+    mfu: float
+    route: Route
+    factors: dict[str, float]  # the setting's own (checkpointing, compile, scaling, card, hardware)
+
+    @property
+    def kind(self) -> str:
+        if self.route.assumed:
+            return "assumed"
+        return "derived" if self.route.steps else "published"
+
+
+def estimate_setting(s: Setting, *, one_card: bool = False) -> Projection:
+    """MFU projected for the setting: its cell's base x the conversions x its own factors
+    (``one_card``: without the scaling factor, as the quote's per-card figure)."""
+    from tunepilot.cost.mfu import throughput_model
+
+    r = route(key_of(s))
+    factors = run_factors(s)
+    if one_card:
+        factors["scaling"] = 1.0
+    value = r.cell.base * r.factor * _product(factors)
+    return Projection(min(value, throughput_model().mfu_ceiling), r, factors)
+
+
+def fp8_speedup(implementation: str, family: str, method: str, precision: str,
+                bf16_peak: float, fp8_peak: float) -> tuple[float, str]:
+    """Tokens/s of an FP8 recipe over bf16 for the same run (a pilot measured in bf16 is quoted
+    with it): the ratio of the two cells' MFU x the FP8 / BF16 dense peaks."""
+    group = group_of(family)
+    fp8 = estimate_setting(Setting(implementation, family, method, precision), one_card=True)
+    bf16 = estimate_setting(Setting(implementation, family, method, "bf16-mixed"), one_card=True)
+    value = fp8.mfu / bf16.mfu * fp8_peak / bf16_peak
+    return value, (f"{precision} over bf16 x{value:.3g}: MFU {fp8.mfu:.3g} of the FP8 peak "
+                   f"({fp8.route.cell.label}) / {bf16.mfu:.3g} of the BF16 peak "
+                   f"({bf16.route.cell.label}) x {fp8_peak / 1e12:g}/{bf16_peak / 1e12:g} TFLOP/s "
+                   f"on {group}")
