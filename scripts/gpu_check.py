@@ -7,6 +7,8 @@ others; the JSON is rewritten after each, so a run cut short keeps what it measu
   pilot-1b  `tunepilot pilot` of a Llama-3.2-1B full fine-tune (bf16-mixed, 2 x 2048)
   pilot-8b  `tunepilot pilot` of a Llama-3-8B LoRA r16 q,v (bf16-mixed, 2 x 4096, accumulation 2)
   hf        HF Trainer + TunepilotCallback, Llama-3.2-1B full bf16 (scripts/gpu_check_hf.py)
+  hf-liger  the same with use_liger_kernel=True (Liger's kernels; the twin of hf)
+  dpo       `tunepilot pilot` of a Llama-3.2-1B LoRA DPO on the shipped preference pairs
   qlora     `tunepilot pilot` of a Llama-3.2-1B QLoRA (bitsandbytes NF4)
   trace     plan --trace vs the tracker on CUDA vs max_memory_allocated vs NVML, three specs
             (scripts/gpu_check_trace.py)
@@ -43,6 +45,15 @@ PILOT_8B = {"name": "gpu-8b-lora", "model": {"preset": "llama-3-8b"},
             "optimizer": {"name": "adamw", "lr": 2.0e-4}, "precision": "bf16-mixed",
             "sequence_length": 4096, "micro_batch_size": 2, "gradient_accumulation_steps": 2,
             "data": {"source": "synthetic"}, "validation": {"num_batches": 3}}
+# DPO, LoRA r16 all-linear on Llama-3.2-1B, the shipped preference pairs: chosen and rejected
+# through the policy as 2 x micro_batch rows, the reference with the adapters disabled
+DPO_1B = {"name": "gpu-1b-dpo", "model": {"preset": "llama-3.2-1b"},
+          "method": {"kind": "lora", "lora_rank": 16, "lora_alpha": 32,
+                     "lora_targets": "all-linear"},
+          "optimizer": {"name": "adamw", "lr": 5.0e-6}, "precision": "bf16-mixed",
+          "sequence_length": 1024, "micro_batch_size": 8, "gradient_accumulation_steps": 1,
+          "objective": {"kind": "dpo", "beta": 0.1}, "data": {"source": "tiny-preference"},
+          "validation": {"num_batches": 2}, "target": {"epochs": 1}}
 QLORA_1B = {"name": "gpu-1b-qlora", "model": {"preset": "llama-3.2-1b"},
             "method": {"kind": "qlora", "lora_rank": 16, "lora_alpha": 32,
                        "lora_targets": "all-linear"},
@@ -188,16 +199,20 @@ class Check:
         r["analytic_plan"] = _plan_figures(_last_json(plan.get("_text", "")))
         return r
 
-    def section_hf(self) -> dict:
-        cmd = [self.python, "scripts/gpu_check_hf.py", "--out", str(self.work / "hf"),
-               "--steps", "12"] + (["--cpu-smoke"] if self.smoke else [])
-        r = self.run("hf", cmd, 120)
+    def section_hf(self, name: str = "hf", liger: bool = False) -> dict:
+        """The HF Trainer callback on a 1B model (with ``liger``: use_liger_kernel=True, the
+        twin of the plain run), and the analytic plan of the spec the callback derived."""
+        out = self.work / name
+        cmd = [self.python, "scripts/gpu_check_hf.py", "--out", str(out), "--steps", "12"] + \
+            (["--cpu-smoke"] if self.smoke else []) + (["--liger"] if liger else [])
+        r = self.run(name, cmd, 120)
         got = _last_json(r.get("_text", "")) or {}
         r["figures"] = {"torch_direct": got.get("torch_direct"),
-                        "pilot": _pilot_figures(self.work / "hf" / "pilot.json")}
-        spec_yaml = self.work / "hf" / "spec.yaml"
+                        "pilot": _pilot_figures(out / "pilot.json")}
+        spec_yaml = out / "spec.yaml"
         if spec_yaml.exists():
-            plan = self.run("hf-plan", self.tunepilot("plan", str(spec_yaml), "--json"), 60)
+            r["derived_spec"] = spec_yaml.read_text()
+            plan = self.run(f"{name}-plan", self.tunepilot("plan", str(spec_yaml), "--json"), 60)
             r["analytic_plan_of_derived_spec"] = _plan_figures(_last_json(plan.get("_text", "")))
         return r
 
@@ -288,14 +303,22 @@ def main() -> int:
         "pilot-1b": lambda: c.section_pilot("pilot-1b", TINY if smoke else PILOT_1B, 8, 110),
         "pilot-8b": lambda: c.section_pilot("pilot-8b", TINY if smoke else PILOT_8B, 6, 120),
         "hf": c.section_hf,
+        "hf-liger": lambda: c.section_hf("hf-liger", liger=not smoke),
+        "dpo": lambda: c.section_pilot("dpo", dict(DPO_1B, model={"preset": "tiny"},
+                                                   precision="fp32", sequence_length=256,
+                                                   micro_batch_size=4) if smoke else DPO_1B,
+                                       6, 100),
         "qlora": lambda: c.section_pilot("qlora", TINY if smoke else QLORA_1B, 6, 100),
         "scale": c.section_scale,
         "lightning": c.section_lightning,
     }
-    only = set(a.only.split(",")) if a.only else None
-    for name, fn in sections.items():
-        if only and name not in only:
-            continue
+    order = a.only.split(",") if a.only else list(sections)  # --only runs in the order given
+    unknown = [n for n in order if n not in sections]
+    if unknown:
+        print(f"unknown section(s) {unknown}: choose from {list(sections)}")
+        return 2
+    for name in order:
+        fn = sections[name]
         try:
             c.record(name, fn())
         except Exception as exc:  # the orchestration's own failure is a finding too

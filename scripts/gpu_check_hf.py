@@ -58,6 +58,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "runs" / "gpu-check" / "hf"))
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--liger", action="store_true",
+                    help="TrainingArguments(use_liger_kernel=True): Liger's kernels (CUDA only)")
     a = ap.parse_args()
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
@@ -85,7 +87,7 @@ def main() -> int:
         save_steps=a.steps, eval_strategy="steps", eval_steps=a.steps,
         per_device_eval_batch_size=mb, report_to=[], use_cpu=not cuda, bf16=cuda,
         optim="adamw_torch_fused" if cuda else "adamw_torch", dataloader_num_workers=0,
-        seed=0, data_seed=0, save_only_model=False)
+        seed=0, data_seed=0, save_only_model=False, use_liger_kernel=a.liger)
     vocab = int(hf.vocab_size)
     cb = TunepilotCallback(out_dir=out)
     trainer = Trainer(model=model, args=args, train_dataset=VariedLengths(256, vocab, lo, hi),
