@@ -73,10 +73,10 @@ def test_the_quote_projects_at_the_length_the_pilot_measured(tmp_path):
     assert q.throughput.per_card.basis == "measured"  # the pilot's own card
     other = quote(spec, card_id="h200", count=1, term_s=H, run_dir=run.path)
     assert other.throughput.per_card.basis == "projected"
-    from tunepilot.cost.quote import _context
+    from tunepilot.cost.quote import context
     from tunepilot.cost.throughput import processed_length
 
-    ctx = _context(spec, CAT, run.path, [CARD], None)
+    ctx = context(spec, CAT, run.path, [CARD], None)
     assert processed_length(ctx).value == 1_500.0 and processed_length(ctx).is_measured
 
 

@@ -75,7 +75,7 @@ def generate(model: torch.nn.Module, prompts: dict, spec: RunSpec, *, pad_id: in
              eos_id: int | None, full_length: bool = False) -> tuple[torch.Tensor, float]:
     """num_generations completions of every prompt (transformers' generate, KV cache on):
     (prompt + completion ids, seconds). ``full_length``: no early stop (the worst case)."""
-    from tunepilot.training import autocast_context
+    from tunepilot.autocast import autocast_context
 
     n = spec.objective.generations
     c = lengths(spec).completion
@@ -149,7 +149,7 @@ def rollout(state, prompts: dict, spec: RunSpec, *, pad_id: int, eos_id: int | N
     c = seqs.shape[1] - p
     o = spec.objective
     if o.needs_reference or o.num_iterations > 1:
-        from tunepilot.training import autocast_context
+        from tunepilot.autocast import autocast_context
 
         olds, refs = [], []
         dev = seqs.device.type
@@ -192,60 +192,3 @@ def grpo_loss(model: torch.nn.Module, batch: dict, spec: RunSpec, num_items=None
     else:  # dapo (TRL's default), dr_grpo, rloo: over the step's completion tokens
         loss = per_token.sum() / (num_items if num_items is not None else mask.sum().clamp(min=1))
     return loss
-
-
-
-def generative_step(state, next_batch: Callable[[], dict], spec: RunSpec, *,
-                    accumulation: int | None = None, split_timing: bool = False,
-                    fingerprint: Callable[[dict], str] | None = None,
-                    phase: Phase | None = None):
-    """One GRPO/RLOO optimizer step: a generation batch (reused num_iterations times), then
-    accumulation micro-batches of micro_batch_size completions and one update. ``phase`` marks
-    "generation" and "step" for a memory tracker."""
-    from tunepilot.training import StepStats, micro_step, normalizer, sync, update
-
-    model, opt = state.model, state.optimizer
-    dev = next(model.parameters()).device
-    accum = accumulation or spec.gradient_accumulation_steps
-    stats = StepStats(step=state.step, loss=0.0, lr=opt.param_groups[0]["lr"], useful_tokens=0,
-                      padded_tokens=0)
-    t0 = time.perf_counter()
-    r = state.rollout
-    per_batch = -(-r.input_ids.shape[0] // spec.micro_batch_size) if r is not None else 0
-    if r is None or r.uses + accum > per_batch * spec.objective.num_iterations:
-        tw = time.perf_counter()
-        prompts = {k: v.to(dev) for k, v in next_batch().items()}
-        stats.data_wait_s += time.perf_counter() - tw
-        if fingerprint is not None:
-            stats.fingerprints.append(fingerprint(prompts))
-        if phase is not None:
-            phase("generation")
-        tg = time.perf_counter()
-        r = rollout(state, prompts, spec, pad_id=state.pad_token_id, eos_id=state.eos_token_id,
-                    full_length=True)
-        del prompts
-        stats.generation_s = time.perf_counter() - tg
-        stats.generated_tokens = r.generated_tokens
-        state.rollout = r
-        if phase is not None:
-            phase("step")
-    micro = r.micro_batches(spec.micro_batch_size)  # steps_per_generation of them, reused
-    batches = [micro[(r.uses + i) % len(micro)] for i in range(accum)]  # num_iterations times
-    r.uses += accum
-    model.train()
-    for b in batches:
-        stats.useful_tokens += int((b["labels"][:, 1:] != IGNORE_INDEX).sum())
-        stats.padded_tokens += int(b["input_ids"].numel())
-    n_step, world = normalizer(batches, dev, spec)
-    losses = [micro_step(state, b, spec, n_step / world, stats, split_timing,
-                         last=(i == len(batches) - 1)) for i, b in enumerate(batches)]
-    to = time.perf_counter()
-    norm = update(state)
-    sync(dev.type)
-    t1 = time.perf_counter()
-    stats.optimizer_s, stats.wall_s = t1 - to, t1 - t0
-    stats.loss = float(torch.stack(losses).sum().float().item())
-    stats.grad_norm = float(norm)
-    state.step += 1
-    state.useful_tokens_seen += stats.useful_tokens
-    return stats

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from tunepilot.autocast import autocast_context  # noqa: F401 - also the step's
 from tunepilot.dataset import IGNORE_INDEX, DataInfo, DataStream, useful_tokens
 from tunepilot.errors import UserError
 from tunepilot.model.build import build_model, output_head, torch_dtype, trainable_parameters
@@ -93,14 +94,6 @@ def build_scheduler(spec: RunSpec, optimizer: torch.optim.Optimizer, total_steps
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def autocast_context(spec: RunSpec, device_type: str):
-    if spec.precision == "bf16-mixed" or spec.is_fp8:  # FP8 runs as its bf16-mixed stand-in
-        return torch.autocast(device_type, dtype=torch.bfloat16)
-    if spec.precision == "fp16-mixed":
-        return torch.autocast(device_type, dtype=torch.float16)
-    return contextlib.nullcontext()
 
 
 def make_scaler(spec: RunSpec, device_type: str):
@@ -377,7 +370,6 @@ def train_step(state: TrainState, next_batch: Callable[[], Batch], spec: RunSpec
     `phase` marks it for a memory tracker).
     """
     if spec.objective.generative:
-        from tunepilot.generation import generative_step
 
         return generative_step(state, next_batch, spec, accumulation=accumulation,
                                split_timing=split_timing, fingerprint=fingerprint, phase=phase)
@@ -461,3 +453,59 @@ def evaluate(model: torch.nn.Module, batches: Iterator[Batch], spec: RunSpec,
             n += k
     model.train()
     return (total / n if n else float("nan")), n
+
+
+def generative_step(state, next_batch: Callable[[], dict], spec: RunSpec, *,
+                    accumulation: int | None = None, split_timing: bool = False,
+                    fingerprint: Callable[[dict], str] | None = None,
+                    phase: Callable[[str], None] | None = None):
+    """One GRPO/RLOO optimizer step: a generation batch (reused num_iterations times), then
+    accumulation micro-batches of micro_batch_size completions and one update. ``phase`` marks
+    "generation" and "step" for a memory tracker."""
+    from tunepilot.generation import rollout
+
+    model, opt = state.model, state.optimizer
+    dev = next(model.parameters()).device
+    accum = accumulation or spec.gradient_accumulation_steps
+    stats = StepStats(step=state.step, loss=0.0, lr=opt.param_groups[0]["lr"], useful_tokens=0,
+                      padded_tokens=0)
+    t0 = time.perf_counter()
+    r = state.rollout
+    per_batch = -(-r.input_ids.shape[0] // spec.micro_batch_size) if r is not None else 0
+    if r is None or r.uses + accum > per_batch * spec.objective.num_iterations:
+        tw = time.perf_counter()
+        prompts = {k: v.to(dev) for k, v in next_batch().items()}
+        stats.data_wait_s += time.perf_counter() - tw
+        if fingerprint is not None:
+            stats.fingerprints.append(fingerprint(prompts))
+        if phase is not None:
+            phase("generation")
+        tg = time.perf_counter()
+        r = rollout(state, prompts, spec, pad_id=state.pad_token_id, eos_id=state.eos_token_id,
+                    full_length=True)
+        del prompts
+        stats.generation_s = time.perf_counter() - tg
+        stats.generated_tokens = r.generated_tokens
+        state.rollout = r
+        if phase is not None:
+            phase("step")
+    micro = r.micro_batches(spec.micro_batch_size)  # steps_per_generation of them, reused
+    batches = [micro[(r.uses + i) % len(micro)] for i in range(accum)]  # num_iterations times
+    r.uses += accum
+    model.train()
+    for b in batches:
+        stats.useful_tokens += int((b["labels"][:, 1:] != IGNORE_INDEX).sum())
+        stats.padded_tokens += int(b["input_ids"].numel())
+    n_step, world = normalizer(batches, dev, spec)
+    losses = [micro_step(state, b, spec, n_step / world, stats, split_timing,
+                         last=(i == len(batches) - 1)) for i, b in enumerate(batches)]
+    to = time.perf_counter()
+    norm = update(state)
+    sync(dev.type)
+    t1 = time.perf_counter()
+    stats.optimizer_s, stats.wall_s = t1 - to, t1 - t0
+    stats.loss = float(torch.stack(losses).sum().float().item())
+    stats.grad_norm = float(norm)
+    state.step += 1
+    state.useful_tokens_seen += stats.useful_tokens
+    return stats

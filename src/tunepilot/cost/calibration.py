@@ -91,14 +91,14 @@ class Route:
 
 
 def group_of(family: str) -> str:
-    from tunepilot.cost.mfu import throughput_model
+    from tunepilot.cost.throughput_model import throughput_model
 
     row = throughput_model().cards.get(family)
     return row.group if row else family
 
 
 def card_factor(family: str) -> float:
-    from tunepilot.cost.mfu import throughput_model
+    from tunepilot.cost.throughput_model import throughput_model
 
     row = throughput_model().cards.get(family)
     return row.factor if row else 1.0
@@ -106,7 +106,7 @@ def card_factor(family: str) -> float:
 
 def run_factors(s: Setting) -> dict[str, float]:
     """The factors between a run's MFU and its cell's one-card base (their product)."""
-    from tunepilot.cost.mfu import throughput_model
+    from tunepilot.cost.throughput_model import throughput_model
 
     tm = throughput_model()
     ac = tm.checkpointing.get(s.activation_checkpointing, tm.checkpointing["full"]).factor
@@ -126,7 +126,7 @@ def _product(factors: dict[str, float]) -> float:
 
 def setting_of_run(run) -> Setting:
     from tunepilot.catalog import load_catalog
-    from tunepilot.cost.mfu import card_family
+    from tunepilot.cost.throughput_model import card_family
 
     peak = load_catalog().get(run.card).peak_flops("bf16") / 1e12
     return Setting(run.implementation, card_family(run.card), run.method, run.precision,
@@ -199,7 +199,7 @@ def key_of(s: Setting) -> Key:
 
 def route(want: Key) -> Route:
     """The fitted cell a setting's key is projected from, and the conversions to it."""
-    from tunepilot.cost.mfu import throughput_model
+    from tunepilot.cost.throughput_model import throughput_model
 
     fit = fitted()
     assumed = None
@@ -245,7 +245,7 @@ class Projection:
 def estimate_setting(s: Setting, *, one_card: bool = False) -> Projection:
     """MFU projected for the setting: its cell's base x the conversions x its own factors
     (``one_card``: without the scaling factor, as the quote's per-card figure)."""
-    from tunepilot.cost.mfu import throughput_model
+    from tunepilot.cost.throughput_model import throughput_model
 
     r = route(key_of(s))
     factors = run_factors(s)

@@ -41,23 +41,20 @@ from tunepilot.results.host import HostFit
 from tunepilot.results.plan import CardFit, ParamSplit
 from tunepilot.results.quote import (
     BatchOnCards,
-    Comparison,
     Quote,
     QuoteThroughput,
-    Refusal,
     TimeTerm,
 )
 from tunepilot.spec import RunSpec
 from tunepilot.units import fmt_bytes
 
-__all__ = ["MEASURED", "PROJECTED", "compare", "quote"]
-COMPARE_COUNTS = (1, 2, 4, 8)
+__all__ = ["MEASURED", "PROJECTED", "quote"]
 SOURCE_CHECKPOINT_BYTES_PER_PARAM = 2  # 16-bit weights, as Hugging Face ships Llama-class models
 _USD_PER_M = Decimal("1e-10")  # cost per million useful tokens: kept fine, rounded once for display
 
 
 @dataclass
-class _Ctx:
+class QuoteContext:
     """What every quote of one spec shares: the arithmetic, the fit, the measurements."""
 
     spec: RunSpec
@@ -102,8 +99,8 @@ class _Ctx:
         return (self.params.frozen if self.spec.method.is_lora else self.params.total) * per
 
 
-def _context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None,
-             card_ids: list[str] | None, base_dir: Path | None) -> _Ctx:
+def context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None,
+             card_ids: list[str] | None, base_dir: Path | None) -> QuoteContext:
     from tunepilot.memory.plan import make_plan
     from tunepilot.model.arch import resolve_arch
 
@@ -116,7 +113,7 @@ def _context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None,
     else:
         plan = make_plan(spec, catalog=catalog, card_ids=card_ids, arch=arch, base_dir=base_dir)
         params, fit = plan.params, {c.card: c for c in plan.cards}
-    return _Ctx(spec, catalog, arch, params, flops_per_token(arch, spec), fit, run,
+    return QuoteContext(spec, catalog, arch, params, flops_per_token(arch, spec), fit, run,
                 _profile(run_dir, spec, arch, base_dir))
 
 
@@ -152,7 +149,7 @@ def _profile(run_dir: Path | str | None, spec: RunSpec, arch, base_dir: Path | N
     return profile_dataset(spec, arch.vocab_size, base_dir)
 
 
-def _machine(ctx: _Ctx, card: Card, stage: str, fig: Figure | None, unit: str, what: str,
+def _machine(ctx: QuoteContext, card: Card, stage: str, fig: Figure | None, unit: str, what: str,
              where: str, *, from_cpu: bool = True) -> Figure | None:
     """A machine-bound measurement: measured on this card; carried over unchanged (projected)
     from another card or (``from_cpu``) a device that is not a catalog card (a CPU pilot)."""
@@ -167,7 +164,7 @@ def _machine(ctx: _Ctx, card: Card, stage: str, fig: Figure | None, unit: str, w
                             "(machine-bound, not card-bound)")
 
 
-def _strategy(ctx: _Ctx, card: Card, count: int) -> tuple[str | None, str | None]:
+def strategy_at(ctx: QuoteContext, card: Card, count: int) -> tuple[str | None, str | None]:
     """(the parallel strategy the quote assumes, why the fit is tight): strategy None when the
     run does not fit at ``count`` even with no headroom; tight when it fits only with less free
     memory than the headroom asked."""
@@ -181,7 +178,7 @@ def _strategy(ctx: _Ctx, card: Card, count: int) -> tuple[str | None, str | None
     return tight, _tight_reason(ctx, card, count) if tight else None
 
 
-def _pick(ctx: _Ctx, count: int, ddp_ok: bool, fsdp_ok: bool) -> str | None:
+def _pick(ctx: QuoteContext, count: int, ddp_ok: bool, fsdp_ok: bool) -> str | None:
     if count == 1:
         return "single" if ddp_ok else None
     if ctx.spec.parallel.strategy == "fsdp" and fsdp_ok:
@@ -189,7 +186,7 @@ def _pick(ctx: _Ctx, count: int, ddp_ok: bool, fsdp_ok: bool) -> str | None:
     return "ddp" if ddp_ok else ("fsdp" if fsdp_ok else None)
 
 
-def _tight_reason(ctx: _Ctx, card: Card, count: int) -> str:
+def _tight_reason(ctx: QuoteContext, card: Card, count: int) -> str:
     row = ctx.fit[card.id]
     return (f"tight: the run fits {count} x {card.id} only with less free memory than the "
             f"{row.headroom_asked:.0%} headroom asked (one card's device peak "
@@ -199,7 +196,7 @@ def _tight_reason(ctx: _Ctx, card: Card, count: int) -> str:
             "room; ranked below runs with room")
 
 
-def _does_not_fit(ctx: _Ctx, card: Card, count: int) -> str:
+def does_not_fit_text(ctx: QuoteContext, card: Card, count: int) -> str:
     row = ctx.fit[card.id]
     need = row.devices_needed.fsdp
     head = (f"device peak {fmt_bytes(row.device_peak_bytes)} on a card of "
@@ -223,7 +220,7 @@ class _Terms:
         self.terms.append(TimeTerm(name=name, times=times, each=each, total=total))
 
 
-def _fixed_terms(ctx: _Ctx, card: Card, t: _Terms) -> None:
+def _fixed_terms(ctx: QuoteContext, card: Card, t: _Terms) -> None:
     """Provisioning, set-up and model load: paid once per job."""
     pilot = ctx.run.pilot if ctx.run else None
     t.add("provisioning", 1, Figure.projected(
@@ -249,7 +246,7 @@ def _fixed_terms(ctx: _Ctx, card: Card, t: _Terms) -> None:
         f"{rate / 1e9:g} GB/s (model_load_bytes_per_s)"))
 
 
-def _validation(ctx: _Ctx, card: Card, useful: Figure, one: Figure) -> Figure:
+def _validation(ctx: QuoteContext, card: Card, useful: Figure, one: Figure) -> Figure:
     pilot = ctx.run.pilot if ctx.run else None
     val = _machine(ctx, card, "pilot", pilot and pilot.timings.validation_pass_s, "s",
                    "validation pass", "timings.validation_pass_s")
@@ -270,7 +267,7 @@ def _validation(ctx: _Ctx, card: Card, useful: Figure, one: Figure) -> Figure:
     return val
 
 
-def _checkpoint_terms(ctx: _Ctx, card: Card, t: _Terms, steps: int) -> None:
+def _checkpoint_terms(ctx: QuoteContext, card: Card, t: _Terms, steps: int) -> None:
     run = ctx.run
     size = None
     if run and run.restore:
@@ -299,7 +296,7 @@ def _checkpoint_terms(ctx: _Ctx, card: Card, t: _Terms, steps: int) -> None:
               f"{ebw / 1e9:g} GB/s (export_bytes_per_s)"))
 
 
-def _export_rate(ctx: _Ctx, card: Card) -> Figure | None:
+def _export_rate(ctx: QuoteContext, card: Card) -> Figure | None:
     """export.json bytes_per_s (or bytes / seconds), as a machine-bound figure."""
     export = ctx.run.export if ctx.run else None
     if export is None:
@@ -314,7 +311,7 @@ def _export_rate(ctx: _Ctx, card: Card) -> Figure | None:
     return rate
 
 
-def _job(ctx: _Ctx, card: Card, count: int, strategy: str):
+def _job(ctx: QuoteContext, card: Card, count: int, strategy: str):
     spec = ctx.spec
     useful = useful_fraction(ctx)
     one = per_card(ctx, card, useful)
@@ -358,11 +355,11 @@ def _terms(card: Card, count: int, job: Figure, term_s: int | None, options: dic
     return term, shortest, n_steps, cheapest
 
 
-def _build(ctx: _Ctx, card: Card, count: int, term_s: int | None, options: dict,
+def build_quote(ctx: QuoteContext, card: Card, count: int, term_s: int | None, options: dict,
            spot: SpotAsk | None = None) -> Quote:
-    strategy, tight = _strategy(ctx, card, count)
+    strategy, tight = strategy_at(ctx, card, count)
     if strategy is None:
-        raise UserError("card", _does_not_fit(ctx, card, count) + ".",
+        raise UserError("card", does_not_fit_text(ctx, card, count) + ".",
                         "Pick a card and count from `tunepilot compare SPEC`.")
     host = _host(ctx, card, count, strategy)
     throughput, terms, job, steps, tps, target = _job(ctx, card, count, strategy)
@@ -422,7 +419,7 @@ class SpotAsk:
     interval_s: float | None = None
 
 
-def _host_fit(ctx: _Ctx, card: Card, count: int, strategy: str) -> HostFit:
+def host_fit_at(ctx: QuoteContext, card: Card, count: int, strategy: str) -> HostFit:
     """The host plan at ``count`` cards (nodes of up to 8) against the card's offer."""
     layout = Layout.on_cards(ctx.spec, count, strategy)
     positions = ctx.profile.tokens_total.value if ctx.profile is not None else None
@@ -433,7 +430,7 @@ def _host_fit(ctx: _Ctx, card: Card, count: int, strategy: str) -> HostFit:
     return fit.model_copy(update=_measured_host(ctx))
 
 
-def _measured_host(ctx: _Ctx) -> dict[str, Figure]:
+def _measured_host(ctx: QuoteContext) -> dict[str, Figure]:
     """What the run directory measured of host RAM: the pilot's process, scale.json's nodes."""
     run, out = ctx.run, {}
     rss = measured_value(run.pilot.memory.process.peak_rss_bytes) if run and run.pilot else None
@@ -449,10 +446,10 @@ def _measured_host(ctx: _Ctx) -> dict[str, Figure]:
     return out
 
 
-def _host(ctx: _Ctx, card: Card, count: int, strategy: str) -> HostFit:
+def _host(ctx: QuoteContext, card: Card, count: int, strategy: str) -> HostFit:
     """_host_fit, or a UserError when host RAM refuses the offer or the offer lists none
     where the plan needs it."""
-    fit = _host_fit(ctx, card, count, strategy)
+    fit = host_fit_at(ctx, card, count, strategy)
     if fit.reason is not None:
         field = ("card" if card.pricing.host is not None
                  else f"catalog: {card.id}.pricing.host.ram_gib")
@@ -460,7 +457,7 @@ def _host(ctx: _Ctx, card: Card, count: int, strategy: str) -> HostFit:
     return fit
 
 
-def _restart(ctx: _Ctx, card: Card, terms: list[TimeTerm]) -> dict[str, Figure]:
+def _restart(ctx: QuoteContext, card: Card, terms: list[TimeTerm]) -> dict[str, Figure]:
     """What an interruption costs besides the lost work: the once-per-job start again, the
     checkpoint load (restore.json load_s) and the data skip (0 when the restore proof shows the
     data position restored)."""
@@ -484,7 +481,7 @@ def _restart(ctx: _Ctx, card: Card, terms: list[TimeTerm]) -> dict[str, Figure]:
     return out
 
 
-def _padding(ctx: _Ctx, terms: list[TimeTerm]) -> dict | None:
+def _padding(ctx: QuoteContext, terms: list[TimeTerm]) -> dict | None:
     """How much of the training time pays for padding, and what packing would save (a dataset
     profile knows both)."""
     if ctx.profile is None:
@@ -506,8 +503,8 @@ def quote(spec: RunSpec, *, card_id: str, count: int, term_s: int | None,
         raise UserError("hours", f"the term must be longer than 0 s, got {term_s}.")
     opts = parse_options(card, options)
     _check_spot(card, spot)
-    ctx = _context(spec, catalog, run_dir, [card.id], base_dir)
-    return _build(ctx, card, count, term_s, opts, spot)
+    ctx = context(spec, catalog, run_dir, [card.id], base_dir)
+    return build_quote(ctx, card, count, term_s, opts, spot)
 
 
 def _check_spot(card: Card, spot: SpotAsk | None) -> None:
@@ -521,94 +518,3 @@ def _check_spot(card: Card, spot: SpotAsk | None) -> None:
                         "(catalog pricing.spot_usd_per_hour), so there is no spot term to price.",
                         "Add spot_usd_per_hour to the card's pricing in --catalog, or drop "
                         f"--{flag}.")
-
-
-def compare(spec: RunSpec, *, run_dir: Path | str | None = None, catalog: Catalog | None = None,
-            base_dir: Path | None = None, spot: SpotAsk | None = None,
-            precisions: list[str] | None = None) -> Comparison:
-    """Quote every fitting card x count (1, 2, 4, 8 and the fewest FSDP needs) on its cheapest
-    covering term and rank by cost per million useful tokens, runs with room first, runs that
-    fit only with less headroom than asked after them; a count whose node the offer's host RAM
-    cannot hold is not ranked (said, with the binding resource); the spot term beside each row
-    where the offer has a spot rate. ``precisions``: rank the spec at each of these precisions
-    together (e.g. bf16-mixed against fp8-tensorwise)."""
-    catalog = catalog or load_catalog()
-    if spot is not None and spot.rate is not None:
-        node_rate(catalog.cards[0], spot.rate)  # a bad rate is refused before any work
-    rows, refused, dropped, notes, source = [], [], [], [], None
-    variants = _precision_variants(spec, precisions)
-    for sp in variants:
-        own = sp.precision == spec.precision
-        if run_dir is not None and not own:
-            notes.append(f"precision {sp.precision}: projected - the run directory is of the "
-                         f"spec's own precision ({spec.precision})")
-        ctx = _context(sp, catalog, run_dir if own else None, None, base_dir)
-        if own and ctx.run:
-            source = ctx.run.source()
-        tag = f" ({sp.precision})" if len(variants) > 1 else ""
-        r, f, d = _compare_cards(ctx, catalog, tag, spot)
-        rows, refused, dropped = rows + r, refused + f, dropped + d
-    rows.sort(key=lambda q: (q.tight is not None, q.cost_per_million_term_usd is None,
-                             q.cost_per_million_term_usd or 0, q.job_s.value))
-    return Comparison(spec_label=spec.label, spec_hash=spec.spec_hash(), rows=rows,
-                      refused=refused, dropped=_dropped_spec_count(spec, rows) + dropped,
-                      assumptions=notes, precisions=[v.precision for v in variants],
-                      run_dir=source)
-
-
-def _precision_variants(spec: RunSpec, precisions: list[str] | None) -> list[RunSpec]:
-    """The spec at each precision asked (validated as a spec: fp8 with QLoRA is refused)."""
-    from tunepilot.spec import spec_from_dict
-
-    if not precisions:
-        return [spec]
-    out = []
-    for p in dict.fromkeys(precisions):
-        out.append(spec if p == spec.precision else spec_from_dict(
-            dict(spec.model_dump(mode="python"), precision=p), source=f"--precision {p}"))
-    return out
-
-
-def _compare_cards(ctx: _Ctx, catalog: Catalog, tag: str, spot: SpotAsk | None = None
-                   ) -> tuple[list[Quote], list[Refusal], list[str]]:
-    from tunepilot.fp8 import card_lacks_fp8
-
-    rows, refused, dropped = [], [], []
-    for card in catalog.cards:
-        why = card_lacks_fp8(ctx.spec, card)
-        if why:
-            refused.append(Refusal(card=card.id + tag, reason=why))
-            continue
-        need = ctx.fit[card.id].devices_needed
-        least = _least(need)
-        if least is None:
-            refused.append(Refusal(card=card.id + tag, reason=_does_not_fit(ctx, card, 1)))
-            continue
-        counts = sorted({c for c in (*COMPARE_COUNTS, least, 2 * least)
-                         if least <= c <= max(COMPARE_COUNTS[-1], 2 * least)})
-        dropped += [f"{card.id} x {c}{tag}: the run does not fit fewer than {least} of them"
-                    for c in COMPARE_COUNTS if c < least]
-        host = {c: _host_fit(ctx, card, c, _strategy(ctx, card, c)[0]) for c in counts}
-        if not any(f.fits for f in host.values()):
-            refused.append(Refusal(card=card.id + tag, reason=host[counts[0]].reason))
-            continue
-        dropped += [f"{card.id} x {c}{tag}: {f.reason}" for c, f in host.items() if not f.fits]
-        rows += [_build(ctx, card, c, None, {}, spot) for c in counts if host[c].fits]
-    return rows, refused, dropped
-
-
-def _least(need) -> int | None:
-    """The fewest cards the run fits on, with the headroom asked or, failing that, tight."""
-    options = [1 if need.ddp == 1 or need.ddp_tight == 1 else None, need.fsdp, need.fsdp_tight]
-    options = [o for o in options if o is not None]
-    return min(options) if options else None
-
-
-def _dropped_spec_count(spec: RunSpec, rows: list[Quote]) -> list[str]:
-    """The spec's own card count, when it is not among the ranked rows, with why."""
-    n = spec.parallel.world_size
-    if n == 1 or any(q.count == n for q in rows):
-        return []
-    return [f"the spec's parallel.world_size of {n} is not ranked: compare quotes 1, 2, 4, 8 "
-            "cards and the fewest each card needs; quote that count with `tunepilot quote "
-            f"SPEC --card CARD --count {n}`"]

@@ -19,7 +19,7 @@ def task_yaml(spec_path: Path, spec, card, nodes: int, per: int, count: int, hou
     if nodes > 1:
         scale = (f"tunepilot scale {shlex.quote(spec_name)} --nproc {per} --nnodes {nodes} "
                  f"--node-rank $SKYPILOT_NODE_RANK --rdzv-endpoint "
-                 f"$(echo \"$SKYPILOT_NODE_IPS\" | head -n1):{RDZV_PORT} "
+                 f"$(echo \"$SKYPILOT_NODE_IPS\" | sed -n 1p):{RDZV_PORT} "
                  f"--out {plan.run_dir}/scale-{nodes}nodes")
         body = (f"set -e\n{scale}\nif [ \"$SKYPILOT_NODE_RANK\" = \"0\" ]; then\n  {run}\nfi\n")
     else:

@@ -38,7 +38,9 @@ def sbatch_script(spec_path: Path, spec, card, nodes: int, per: int, count: int,
         f"# tunepilot next to the nodes' own torch, from {install.how}; once, for the",
         "# job's environment on the shared filesystem",
         install.command,
-        "HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n1)",
+        # sed reads the whole list: `head -n1` would close the pipe early and, under
+        # pipefail, a SIGPIPE'd scontrol fails the job (exit 141)
+        "HEAD=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | sed -n 1p)",
     ]
     if nodes > 1:
         out = f"{plan.run_dir}/scale-{nodes}nodes"

@@ -1,0 +1,72 @@
+"""resources/throughput_model.yaml as a typed model (read once), and the card family a catalog
+card belongs to: the data the time model's fit (cost/calibration.py) and its use (cost/mfu.py)
+both read."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+FAMILIES = ("a100", "h100", "h200", "mi300x")
+Kind = Literal["published", "derived", "assumed"]
+
+
+class _Read(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Factor(_Read):
+    factor: float = Field(gt=0)
+    kind: Kind | None = None
+    source: str | None = None
+
+
+class KernelRow(_Read):
+    """A kernel's or adapter variant's throughput multiplier (throughput_model.yaml kernels:)."""
+
+    factor: float = Field(gt=0)
+    kind: Kind
+    source: str
+    as_of: str
+    applies_to: list[str] = Field(default_factory=list)
+
+
+class CardRow(_Read):
+    """A card family: the group its cells are fitted in, its speed within the group."""
+
+    group: str
+    factor: float = Field(default=1.0, gt=0)
+    kind: Kind | None = None
+    source: str | None = None
+
+
+class ThroughputModel(_Read):
+    """resources/throughput_model.yaml, validated once when first read."""
+
+    schema_version: int
+    as_of: str
+    cards: dict[str, CardRow]
+    hardware: dict[str, Factor]
+    default_implementation: str
+    mfu_ceiling: float = Field(gt=0, le=1)
+    checkpointing: dict[str, Factor]
+    torch_compile: Factor
+    kernels: dict[str, KernelRow] = Field(default_factory=dict)
+
+
+@cache
+def throughput_model() -> ThroughputModel:
+    from tunepilot.resources import THROUGHPUT_MODEL_YAML
+
+    return ThroughputModel.model_validate(
+        yaml.safe_load(THROUGHPUT_MODEL_YAML.read_text(encoding="utf-8")))
+
+
+def card_family(card_id: str) -> str:
+    for f in FAMILIES:
+        if card_id.startswith(f):
+            return f
+    return card_id.split("-")[0]
