@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 
 from tunepilot.catalog import load_catalog  # noqa: E402
 from tunepilot.child import HOOK_ENV  # noqa: E402
-from tunepilot.memory.analytic import analytic_plan  # noqa: E402
+from tunepilot.memory.analytic import analytic_plan, workspace_bytes  # noqa: E402
 from tunepilot.memory.standins import CudaAutocastRules, nf4_parts  # noqa: E402
 from tunepilot.memory.trace import make_traced_plan, traced_plan_from  # noqa: E402
 from tunepilot.memory.trace_step import trace_step  # noqa: E402
@@ -134,7 +134,7 @@ def test_every_method_traces_with_a_consistent_breakdown(over, expect):
     assert plan.fidelity == "trace"
     d = plan.per_device
     peak = next(p for p in plan.phases if p.name == plan.peak_phase)
-    assert peak.total_bytes == d.allocated_peak_bytes > 0
+    assert peak.total_bytes + workspace_bytes("cuda") == d.allocated_peak_bytes > 0
     assert d.device_peak_bytes > d.reserved_peak_bytes > d.allocated_peak_bytes
     assert d.gradients_bytes > 0 and d.optimizer_bytes > 0
     if expect == "NF4":
@@ -153,27 +153,71 @@ def test_accumulation_micro_batches_do_not_raise_the_peak():
     assert raw.accumulation_peak_stable and third - second <= CUDA_BLOCK_BYTES
 
 
-def test_ddp_adds_buckets_and_fsdp_shards_per_rank():
+def test_ddp_adds_buckets_to_the_single_device_trace():
     base = tiny(method={"kind": "full"}, precision="bf16-mixed")
     raw = traced(base)
     single = plan_of(base, raw)
     ddp = plan_of(base.with_changes(parallel={"strategy": "ddp", "devices": 2}), raw)
     assert ddp.per_device.collective_buffers_bytes == pytest.approx(
         single.per_device.gradients_bytes, rel=0.01)
-    fsdp = plan_of(base.with_changes(parallel={"strategy": "fsdp", "devices": 4}), raw)
+
+
+FSDP4 = {"strategy": "fsdp", "devices": 4}
+
+
+def test_fsdp_is_traced_per_rank_with_its_unsharded_layers_and_buffers():
+    base = tiny(method={"kind": "full"}, precision="bf16-mixed")
+    fsdp_spec = base.with_changes(parallel=FSDP4)
+    single, fsdp = plan_of(base, traced(base)), plan_of(fsdp_spec, raw := traced(fsdp_spec))
     w1, w4 = single.per_device.master_weights_bytes, fsdp.per_device.master_weights_bytes
-    assert w1 / 4 <= w4 <= w1 / 4 * 1.02  # 1/4 per rank plus FSDP2's dim-0 padding
-    assert any("derived from the single-device trace" in a for a in fsdp.assumptions)
+    assert w1 / 4 <= w4 <= w1 / 4 * 1.05  # rank 0's dim-0 shards, 512-byte blocks each
+    assert raw.fsdp_version == 2 and raw.world_size == 4
+    facts = fsdp.trace["fsdp"]
+    assert facts["how"] == "traced per rank" and facts["unsharded_params_bytes"] > 0
+    assert any(p.labelled_bytes.get("all-gather") for p in raw.phases)
+    assert not any("derived" in a for a in fsdp.assumptions)
+    # per rank the activations are the whole micro-batch's: they do not shrink with the ranks
+    two = plan_of(s2 := base.with_changes(parallel=dict(FSDP4, devices=2)), traced(s2))
+    assert fsdp.per_device.activations_bytes == two.per_device.activations_bytes
+
+
+@pytest.mark.parametrize("version,kind", [(2, "full"), (1, "lora"), (2, "qlora"),
+                                          (1, "qlora")])
+def test_fsdp_fake_trace_equals_the_real_cpu_step_under_a_fake_process_group(version, kind):
+    spec = tiny(method={"kind": kind}, precision="bf16-true" if kind == "qlora" else
+                "bf16-mixed", parallel=dict(FSDP4, fsdp_version=version))
+    fake, real = traced(spec), traced(spec, fake=False)
+    assert [p.peak_bytes for p in fake.phases] == [p.peak_bytes for p in real.phases]
+    assert fake.fsdp_version == version
+    unsharded = max(p.labelled_bytes.get("unsharded", 0) for p in fake.phases)
+    assert unsharded > 0  # FSDP's resized storages were followed
+
+
+def test_fsdp_qlora_shards_the_packed_storage_and_keeps_absmax_whole():
+    q = tiny(method={"kind": "qlora"}, precision="bf16-true", parallel=FSDP4)
+    one, four = traced(q.with_changes(parallel={"strategy": "fsdp", "devices": 1})), traced(q)
+    w1 = max(p.weights_bytes for p in one.phases)
+    w4 = max(p.weights_bytes for p in four.phases)
+    assert w4 < w1 / 2  # the packed codes (and the 16-bit rest) shard; absmax does not
+    assert four.model.total_params == one.model.total_params  # counted before packing
+    assert any("quant_storage bf16" in n for n in four.notes)
+
+
+def test_a_single_device_trace_cannot_plan_an_fsdp_rank():
+    from tunepilot.memory.trace import TraceFailed
+
+    base = tiny(method={"kind": "full"})
+    with pytest.raises(TraceFailed, match="shards over 4 ranks"):
+        plan_of(base.with_changes(parallel=FSDP4), traced(base))
 
 
 def test_fsdp_accumulation_keeps_gradients_sharded():
     # the scaling worker reduce-scatters every micro-batch, so no phase holds full gradients
-    spec = tiny(method={"kind": "full"}, gradient_accumulation_steps=2,
-                parallel={"strategy": "fsdp", "devices": 4})
-    raw = traced(spec)
-    plan = plan_of(spec, raw)
+    spec = tiny(method={"kind": "full"}, gradient_accumulation_steps=2, parallel=FSDP4)
+    plan = plan_of(spec, traced(spec))
+    full = max(p.gradients_bytes for p in traced(spec.with_changes(
+        parallel={"strategy": "single", "devices": 1})).phases)
     grads = {p.name: p.gradients_bytes for p in plan.phases}
-    full = max(p.gradients_bytes for p in raw.phases)
     assert grads["micro 2 forward"] < full / 3
     assert grads["optimizer-step"] < full / 3
 
@@ -293,9 +337,12 @@ def test_fsdp_cpu_offload_moves_the_sharded_states_to_the_host_in_both_plans():
     a_on = analytic_plan(on, resolve_arch(on), "cuda")
     a_off = analytic_plan(off, resolve_arch(off), "cuda")
     for with_offload, without in ((a_on, a_off), (plan_of(on, raw), plan_of(off, raw))):
-        for ph in with_offload.phases:
+        buffers = raw.model.buffer_bytes if with_offload.fidelity == "trace" else 0
+        for ph in with_offload.phases:  # buffers (rotary tables) are not offloaded
             assert (ph.weights_bytes, ph.master_weights_bytes, ph.gradients_bytes,
-                    ph.optimizer_bytes) == (0, 0, 0, 0), (with_offload.fidelity, ph.name)
+                    ph.optimizer_bytes) == (min(buffers, ph.weights_bytes), 0, 0, 0), \
+                (with_offload.fidelity, ph.name)
+            assert ph.weights_bytes <= buffers
         assert with_offload.per_device.allocated_peak_bytes < \
             without.per_device.allocated_peak_bytes
         note = next(a for a in with_offload.assumptions if a.startswith("cpu_offload"))

@@ -46,6 +46,10 @@ class MethodSpec(_Strict):
     """qlora: quantize lm_head too (transformers keeps it in 16 bit; some frameworks do not)."""
     quantize_on_load: bool = True
     """qlora: quantize while loading (transformers); false = load the bf16 base, then quantize."""
+    quant_storage: Literal["uint8", "bf16", "fp16", "fp32"] | None = None
+    """qlora: the dtype bitsandbytes packs the 4-bit codes in (bnb_4bit_quant_storage). Default
+    uint8 on one device; under FSDP the base dtype, as the FSDP-QLoRA recipes set it (FSDP1
+    flattens a layer's parameters into one tensor of a single dtype)."""
     adapter_dtype: Literal["bf16", "fp32"] | None = None
     """LoRA/QLoRA adapter weights: null = PEFT's default (fp32 adapters, autocast_adapter_dtype);
     bf16 = adapters in bf16 (LitGPT's and torchtune's pure-bf16 runs)"""

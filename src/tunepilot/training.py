@@ -22,7 +22,7 @@ from tunepilot.autocast import autocast_context  # noqa: F401 - also the step's
 from tunepilot.dataset import IGNORE_INDEX, DataInfo, DataStream, useful_tokens
 from tunepilot.errors import UserError
 from tunepilot.model.build import build_model, output_head, torch_dtype, trainable_parameters
-from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
+from tunepilot.spec import CHUNKED_LOSS_TOKENS, LITGPT_LM_HEAD_CHUNK, RunSpec
 
 MAX_GRAD_NORM = 1.0  # gradient clipping as fine-tuning recipes default to it (HF Trainer, torchtune)
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw", "paged_adamw_8bit")
@@ -120,6 +120,8 @@ def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
     if spec.model.task == "sequence-classification":  # labels: one class per sequence
         return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                      labels=batch["labels"], **extra).loss
+    if spec.litgpt_loss:
+        return litgpt_loss(model, batch, num_items, extra)
     if not spec.loss_is_chunked:
         kwargs = {} if num_items is None else {"num_items_in_batch": num_items}
         out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
@@ -181,6 +183,26 @@ def normalizer(batches: list[Batch], dev: torch.device, spec: RunSpec) -> tuple[
         if world > 1:
             dist.all_reduce(n)
     return n.clamp(min=1.0), world
+
+
+def litgpt_loss(model: torch.nn.Module, batch: Batch, num_items, extra: dict) -> torch.Tensor:
+    """LitGPT's loss (lit_gpt/utils.py chunked_cross_entropy @8641822, the same in litgpt today):
+    lm_head applied per 128 positions, cross-entropy per chunk in the logits' dtype
+    (reduction="none"), the chunk losses concatenated. Nothing is recomputed: every chunk's
+    logits stay referenced by the training loop's `logits` until the next step, and
+    cross-entropy keeps its log-softmax per chunk - as the returned loss holds them here."""
+    body, head = output_head(model)
+    hidden = body(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                  **extra).last_hidden_state  # (batch, seq, hidden)
+    labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]
+    logits = [head(h) for h in hidden.split(LITGPT_LM_HEAD_CHUNK, dim=1)]
+    losses = [torch.nn.functional.cross_entropy(lc.reshape(-1, lc.shape[-1]), yc.reshape(-1),
+                                                ignore_index=IGNORE_INDEX, reduction="none")
+              for lc, yc in zip(logits, labels.split(LITGPT_LM_HEAD_CHUNK, dim=1), strict=True)]
+    n = (labels != IGNORE_INDEX).sum().clamp(min=1) if num_items is None else num_items
+    loss = torch.cat(losses).sum() / n
+    loss.litgpt_logits = logits  # LitGPT's loop holds them through backward
+    return loss
 
 
 def step_token_count(batches: list[Batch], dev: torch.device) -> tuple[torch.Tensor, int]:

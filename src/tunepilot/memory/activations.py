@@ -8,7 +8,7 @@ from __future__ import annotations
 from tunepilot.memory import variants
 from tunepilot.model.arch import Arch, LinearSpec, lora_targets
 from tunepilot.model.flops import DTYPE_BYTES
-from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
+from tunepilot.spec import CHUNKED_LOSS_TOKENS, LITGPT_LM_HEAD_CHUNK, RunSpec
 
 COMPILE_SAVED_FRACTION = 0.8  # Inductor's min-cut partitioner: pointwise outputs recomputed
 
@@ -105,15 +105,19 @@ def python_activation_saves(arch: Arch, spec: RunSpec) -> int:
 
 
 def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
-    """What LoRA layers save: each adapted input once per input tensor - PEFT keeps adapters in
-    fp32, so on a bf16-true base lora_A saves the fp32 cast of its input (4*in), under autocast
-    the 16-bit cast back (cb*in), under fp32 the input itself; dropout > 0 adds a mask (1 B) and
-    its output (cb) per input feature per adapter; lora_A's output (r values) is saved for
-    lora_B."""
+    """What LoRA layers save: PEFT keeps adapters in fp32, so on a bf16-true base lora_A saves the
+    fp32 cast of its input (4*in), under autocast the 16-bit cast back (cb*in), under fp32 the
+    input itself; dropout > 0 adds a mask (1 B) and its output (cb) per input feature per
+    adapter; lora_A's output (r values) is saved for lora_B. Where the adapters' dtype is the
+    stream's, adapters reading the same tensor (q, k, v; gate, up) share one saved input; where
+    it differs, PEFT casts the input per adapted module (lora.Linear._cast_input_dtype), so each
+    saves its own copy (measured on an H200: QLoRA all-linear on Llama-3.2-1B saved 19.57 GB of
+    activations, the shared-input count 17.94)."""
     r = spec.method.lora_rank or 0
     fp32_adapters = spec.trainable_dtype == "fp32"
     per_feature = 4 if spec.precision == "bf16-true" and fp32_adapters else cb
     extra = 0
+    per_module = fp32_adapters and spec.precision != "fp32"  # a cast copy per adapted module
     inputs: dict[str, int] = {}
     for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
         if lin.peft_kind == "parameter":  # fused MoE experts: memory/variants.py
@@ -121,6 +125,9 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
         extra += r * mult * per_feature * lin.count_per_layer
         if spec.method.lora_dropout > 0:
             extra += (1 + cb) * lin.in_features * lin.count_per_layer
+        if per_module:
+            extra += per_feature * lin.in_features * lin.count_per_layer
+            continue
         group = _input_group(lin)
         inputs[group] = max(inputs.get(group, 0), per_feature * lin.in_features)
     return extra + sum(inputs.values())
@@ -196,8 +203,10 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
     the loss is kept (tunepilot's step keeps only the loss). In the loss backward the fp32
     gradients of log_softmax's output and of its input exist together (2 x 4V). A chunked loss
     (recomputed per chunk) holds this for CHUNKED_LOSS_TOKENS at a time instead of all tokens.
-    Other implementations (model.implementation): LitGPT's chunked cross-entropy as a chunked
-    loss (the published lit-gpt peaks, shared/reference rows 7-13, fit it within 6% but one);
+    Other implementations (model.implementation): LitGPT's chunked cross-entropy keeps every
+    chunk (lit_gpt/utils.py chunked_cross_entropy): the 16-bit logits (cb*V) and the
+    log-softmax cross-entropy saves, in the logits' dtype (fp32 under autocast), for all
+    tokens; its backward works a 128-position chunk at a time;
     torchtune's CEWithChunkedOutputLoss through chunked_loss; Megatron's fused cross-entropy (16-bit logits, no fp32 copy);
     torchtitan computes it as transformers does. sequence-classification: a
     num_labels head on the last token - no vocabulary-sized logits at all.
@@ -214,6 +223,10 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
         t = min(tokens, CHUNKED_LOSS_TOKENS)
         retained = 4 * V * t + cb * arch.hidden_size * tokens  # hidden states for the recompute
         return retained, 8 * V * t
+    if spec.litgpt_loss:
+        ls = 4 if spec.precision.endswith("-mixed") else cb  # log-softmax saved per chunk
+        chunk = min(tokens, LITGPT_LM_HEAD_CHUNK * spec.micro_batch_size)
+        return (cb + ls) * V * tokens, 2 * ls * V * chunk
     if impl == "megatron":
         return cb * V * tokens, 2 * cb * V * tokens
     head_input = variants.trained_head_input_bytes(arch, spec, cb, tokens)
@@ -233,7 +246,7 @@ def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int
         return kernel[2]
     if spec.loss_is_chunked:
         return (cb + 4) * V * min(tokens, CHUNKED_LOSS_TOKENS)
-    if impl == "megatron":
+    if impl == "megatron" or spec.litgpt_loss:
         return 0  # its 16-bit logits are the retained ones
     return (cb + 4) * V * tokens
 

@@ -36,6 +36,7 @@ from tunepilot.memory.objective_phases import (
     objective_notes,
     objective_phases,
 )
+from tunepilot.memory.reserve import reserve_note, varied_shapes
 from tunepilot.model.arch import Arch, ParamCounts, linear_modules, lora_param_count, param_counts
 from tunepilot.model.flops import (
     DTYPE_BYTES,
@@ -334,12 +335,14 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
     shard = N if spec.parallel.strategy == "fsdp" else 1
     s = _parallelize(spec, _model_states(spec, arch, stack, params, counts), counts, cb)
     phases, largest = _timeline(spec, arch, s)
-    load_peak = _load_peak(spec, counts.total, s.frozen_bytes, s.trainable_bytes, largest, shard)
+    load_peak = _load_peak(spec, counts, s.frozen_bytes, s.trainable_bytes, largest, shard)
     peak = max(phases, key=lambda p: p.total_bytes)
     notes = s.notes + _notes(spec, arch, stack, load_peak > peak.total_bytes)
+    notes.append(reserve_note(varied_shapes(spec), replayed=False))
     return MemoryPlan(
         fidelity="analytic", params=params,
-        per_device=per_device_figures(phases, s.buckets, stack, N, load_peak), phases=phases,
+        per_device=per_device_figures(phases, s.buckets, stack, N, load_peak,
+                                      varied=varied_shapes(spec)), phases=phases,
         peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
         bytes_per_param=_bytes_per_param(params, s, shard),
         tokens_per_micro_batch=spec.tokens_per_micro_batch,
@@ -397,17 +400,32 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
     return notes
 
 
-def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size: int,
-                       load_peak: int = 0) -> PerDevice:
-    """The per_device block shared by the analytic and the traced plan: each component's largest
-    size over the timeline, the allocated peak (the largest phase, or the model load when that
-    is larger), the allocator's reserve (runtime.yaml slack) and the runtime outside the
-    allocator (context, workspaces, and the collective library's buffers when world_size > 1)."""
+def workspace_bytes(stack: str) -> int:
+    """Library workspaces (cuBLAS/cuBLASLt) taken from the caching allocator on `stack`: part
+    of the allocated peak (resources/runtime.yaml, measured)."""
     rt = runtime_constants()
-    allocated = max([p.total_bytes for p in phases] + [load_peak])
-    reserved = int(allocated * (1 + rt["allocator"]["reserve_slack_fraction"]))
+    return int(rt["stacks"].get(stack, rt["stacks"]["cuda"])["library_workspace_bytes"])
+
+
+def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size: int,
+                       load_peak: int = 0, *, replay_slack_bytes: int | None = None,
+                       varied: bool = False) -> PerDevice:
+    """The per_device block shared by the analytic and the traced plan: each component's largest
+    size over the timeline; the allocated peak (the largest phase, or the model load when that
+    is larger, plus the library workspaces taken from the caching allocator); the reserved peak
+    (memory/reserve.py: the traced replay's slack, else the measured fixed-shape slack, plus the
+    varied-shapes term); the runtime outside the allocator (context, and the collective
+    library's buffers when world_size > 1)."""
+    from tunepilot.memory.reserve import reserve
+
+    rt = runtime_constants()
     st = rt["stacks"].get(stack, rt["stacks"]["cuda"])
-    overhead = st["context_bytes"] + st["library_workspace_bytes"]
+    peak = max(phases, key=lambda p: p.total_bytes)
+    allocated = max(peak.total_bytes, load_peak) + workspace_bytes(stack)
+    transient = peak.total_bytes - peak.states_bytes
+    reserved = reserve(allocated, transient, replay_slack_bytes=replay_slack_bytes,
+                       varied=varied).reserved_bytes
+    overhead = st["context_bytes"]
     if world_size > 1:
         overhead += st["collective_bytes_per_rank_group"]
 
@@ -423,14 +441,23 @@ def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size
         device_peak_bytes=reserved + overhead, load_peak_bytes=load_peak)
 
 
-def _load_peak(spec: RunSpec, total: int, frozen_bytes: int, trainable_bytes: int,
+def _load_peak(spec: RunSpec, counts: ParamCounts, frozen_bytes: int, trainable_bytes: int,
                largest_weight: int, shard: int) -> int:
     """The model-load peak (lesson 8: loading can set the peak). Quantize-on-load (transformers +
     bitsandbytes) holds the quantized model plus one bf16 tensor; quantize-after-load holds the
-    whole bf16 base for a moment."""
+    whole bf16 base for a moment. Under FSDP the ranks load the model a unit at a time (rank-0
+    or meta-device loading, as the FSDP recipes do: a unit materialised, flattened or chunked,
+    sharded): the shards loaded so far - none on the device with cpu_offload - plus two copies
+    of the largest unit (a decoder layer or the root's embeddings and lm_head)."""
+    stored = frozen_bytes + trainable_bytes
+    if shard > 1:
+        root = counts.embedding + counts.lm_head
+        per_param = stored / max(counts.total, 1)
+        unit = int(max(counts.per_layer, root) * per_param)
+        return (0 if spec.parallel.cpu_offload else stored // shard) + 2 * unit
     if spec.method.kind == "qlora" and not spec.method.quantize_on_load:
-        return 2 * total // shard
-    return (frozen_bytes + trainable_bytes) // shard + 2 * largest_weight
+        return 2 * counts.total
+    return stored + 2 * largest_weight
 
 
 def _bytes_per_param(params: ParamSplit, s: _States, shard: int) -> dict[str, float]:

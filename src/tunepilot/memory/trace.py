@@ -23,8 +23,12 @@ What the trace maps to the target card rather than traces (each says so in `assu
              backward, as bnb's MatMul4Bit does.
   8-bit and paged optimizers (bitsandbytes): a stand-in with the same state (uint8 + absmax).
   DDP        gradient buckets added to every phase (a second copy of the gradients).
-  FSDP       per-rank figures derived from the single-device trace (see `_derive_fsdp`).
-  runtime    context, workspaces and allocator reserve from analytic.runtime_constants, as the
+  FSDP       traced per rank (memory/trace_fsdp.py): rank 0 of a fake process group of the
+             spec's world size, sharded as the scaling worker shards it; CPU offload moves the
+             traced rank's sharded states to the host by their role.
+  reserve    the traced allocations replayed through the CUDA caching allocator's rules
+             (memory/allocator.py), plus the varied-shapes term (memory/reserve.py).
+  runtime    context, workspaces and collective buffers from analytic.runtime_constants, as the
              analytic plan does, so both share one schema.
 The inverse queries of the fit table (max micro-batch, max sequence length, device counts) use
 the analytic planner scaled by the traced/analytic ratio of model states and of the rest.
@@ -39,15 +43,14 @@ from pathlib import Path
 from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.child import ChildFailed, run_child
 from tunepilot.memory.analytic import (
-    FSDP_UNSHARDED_LAYERS,
     analytic_plan,
     lever_notes,
     offload_note,
     per_device_figures,
-    runtime_constants,
 )
 from tunepilot.memory.fit import DEFAULT_HEADROOM, fit_card
 from tunepilot.memory.host import attach_host
+from tunepilot.memory.reserve import reserve, reserve_note, varied_shapes
 from tunepilot.memory.trace_result import TracedPhase, TraceJob, TraceResult
 from tunepilot.memory.variants import (
     in_use,
@@ -160,6 +163,7 @@ def traced_peak_for_benchmark(spec: RunSpec, arch: Arch, config: dict | None = N
             "reserved_peak_bytes": d.reserved_peak_bytes,
             "device_peak_bytes": d.device_peak_bytes, "peak_phase": plan.peak_phase,
             "note": plan.trace.get("attention_path", "").split(":")[0],
+            "fsdp": (plan.trace.get("fsdp") or {}).get("how"),
             "child_wall_s": plan.trace.get("child_wall_s")}
 
 
@@ -167,10 +171,7 @@ def traced_peak_for_benchmark(spec: RunSpec, arch: Arch, config: dict | None = N
 
 
 def _phase_bytes(p: TracedPhase) -> dict:
-    d = {c: getattr(p, f"{c}_bytes") for c in COMPONENTS}
-    d["cast_act"] = p.weight_cast_activations_bytes
-    d["cast_tmp"] = p.weight_cast_bytes - d["cast_act"]
-    return d
+    return {c: getattr(p, f"{c}_bytes") for c in COMPONENTS}
 
 
 def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stack: str,
@@ -198,15 +199,21 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
                      f"{COMPILE_SAVED_FRACTION:g} for Inductor's recompute of pointwise ops "
                      "(MODELLED, not traced)")
     buckets = 0
-    if strategy == "fsdp" and N > 1:
-        phases_in, fsdp_notes = _derive_fsdp(spec, raw, phases_in)
-        notes += fsdp_notes
     if spec.is_fp8:  # the trace ran the bf16 stand-in: FP8's difference is modelled on top
         phases_in = _fp8_on_trace(spec, arch, stack, phases_in)
         notes.append(f"{spec.precision}: traced as bf16-mixed (FP8 kernels do not run on a "
                      "CPU); FP8's difference in each phase - weight casts, saved inputs, the "
                      "FP8 working set, the FP8 all-gather - from the analytic model "
                      "(memory/fp8.py), MODELLED, not traced")
+    sharded = strategy == "fsdp" and N > 1
+    if sharded and (raw.fsdp_version is None or raw.world_size != N):
+        raise TraceFailed(f"the trace is of {raw.world_size} device(s) without FSDP, the spec "
+                          f"shards over {N} ranks; trace the spec itself (plan --trace)")
+    if sharded and spec.parallel.cpu_offload:
+        phases_in, host = _offloaded(phases_in, raw.model.buffer_bytes)
+        notes.append(offload_note(host) + " (the traced rank's sharded states moved to the "
+                     "host by their tracked role; the unsharded layers, buffers and "
+                     "activations stay as traced)")
     elif strategy == "ddp" and N > 1:
         buckets = raw.model.trainable_bytes
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
@@ -214,20 +221,21 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     phases = [Phase.make(p["name"], *(p[c] for c in COMPONENTS), buckets) for p in phases_in]
     peak = max(phases, key=lambda p: p.total_bytes)
     load_peak = analytic.per_device.load_peak_bytes
-    per_device = per_device_figures(phases, buckets, stack, N, load_peak)
-    slack = runtime_constants()["allocator"]["reserve_slack_fraction"]
+    a = raw.allocator
+    slack = a.reserved_peak_bytes - a.allocated_peak_bytes if a else None
+    per_device = per_device_figures(phases, buckets, stack, N, load_peak,
+                                    replay_slack_bytes=slack, varied=varied_shapes(spec))
     if load_peak > peak.total_bytes:
         notes.append("loading the model sets the peak, not the training step (load peak from "
                      "the analytic plan; loading is not traced)")
-    notes.append(f"runtime overhead and allocator reserve (+{slack:.0%}) from the same model as "
-                 "the analytic plan (resources/runtime.yaml)")
+    notes.append(reserve_note(varied_shapes(spec), replayed=a is not None))
     m = raw.model
     params = ParamSplit(total=m.total_params, trainable=m.trainable_params,
                         frozen=m.total_params - m.trainable_params)
     shard = N if strategy == "fsdp" else 1
     trace = raw.facts()
     trace.update(status="traced", peak_phase=peak.name,
-                 fsdp="derived from the single-device trace" if shard > 1 else None)
+                 fsdp=_fsdp_facts(raw, peak.name) if sharded else None)
     plan = MemoryPlan(
         fidelity="trace", params=params, per_device=per_device, phases=phases,
         peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
@@ -278,97 +286,31 @@ def differences(traced: MemoryPlan, analytic: MemoryPlan) -> list[dict]:
     return out
 
 
-def _derive_fsdp(spec: RunSpec, raw: TraceResult, phases: list[dict]) -> tuple[list[dict], list[str]]:
-    """One FSDP2 rank, from the single-device trace and the traced model's parameter shapes.
-
-    Not traced under a fake process group: FSDP2 frees and re-allocates unsharded parameters by
-    resizing storages in place (UntypedStorage.resize_), which no dispatch mode sees, so a trace
-    of fully_shard would under-count exactly the memory FSDP adds. Instead, per phase:
-      parameters, gradients  each tensor sharded on dim 0, padded as FSDP2 pads it
-                             (ceil(dim0 / N) rows per rank), from the traced shapes (the
-                             scaling worker reduce-scatters every micro-batch, so gradients
-                             stay sharded through accumulation);
-      optimizer state        scaled like the trainable parameters it shadows;
-      activations            per rank as traced (the micro-batch does not shrink), except
-                             autocast's 16-bit weight copies (saved, or held by autocast's cast
-                             cache until the forward ends), counted 1/N as the analytic plan
-                             does;
-      temporaries            + the unsharded parameters in the compute dtype: the current and
-                             the prefetched layer (FSDP_UNSHARDED_LAYERS) + the root module
-                             (embedding, norm, lm_head), or every layer when
-                             reshard_after_forward is false; the optimizer step's temporaries
-                             scale with the shards.
-    """
-    N = spec.parallel.world_size
-    m = raw.model
-    cb = 4 if spec.precision == "fp32" else 2
-    rows = m.param_rows  # [dim 0, bytes, trainable] per parameter tensor
-
-    def full(keep) -> int:
-        return sum(b for _, b, t in rows if keep(t))
-
-    def sharded(keep) -> int:  # FSDP2: ceil(dim0 / N) rows of each tensor per rank
-        return sum(-(-d0 // N) * (b // max(d0, 1)) for d0, b, t in rows if keep(t))
-
-    def is_w(t):
-        return not _is_master(spec, t)
-
-    def is_mw(t):
-        return _is_master(spec, t)
-
-    def is_tr(t):
-        return t
-
-    full_w, full_mw, full_tr = full(is_w), full(is_mw), full(is_tr)
-    sh_w, sh_mw, sh_tr = sharded(is_w), sharded(is_mw), sharded(is_tr)
-    tr_ratio = sh_tr / full_tr if full_tr else 0.0
-    layer_numel, root_numel = m.layer_numel, m.root_numel
-    if spec.parallel.reshard_after_forward:
-        unsharded = cb * (FSDP_UNSHARDED_LAYERS * layer_numel + root_numel)
-        what = f"{FSDP_UNSHARDED_LAYERS} layers + root"
-    else:
-        unsharded = cb * m.total_base_numel
-        what = "all layers (reshard_after_forward: false)"
-    out = []
-    for p in phases:
-        q = dict(p)
-        opt_phase = p["name"].startswith("optimizer")
-        q["weights"] = int(p["weights"] * sh_w / full_w) if full_w else 0
-        q["master_weights"] = int(p["master_weights"] * sh_mw / full_mw) if full_mw else 0
-        q["gradients"] = int(p["gradients"] * tr_ratio)
-        q["optimizer"] = int(p["optimizer"] * tr_ratio)
-        ca, ct = p["cast_act"], p["cast_tmp"]
-        q["activations"] = p["activations"] - ca + ca // N
-        if opt_phase:
-            q["temporary"] = int(p["temporary"] * tr_ratio)
-        else:
-            q["temporary"] = p["temporary"] - ct + ct // N + unsharded
-        out.append(q)
-    if spec.parallel.cpu_offload:
-        out, host = _offloaded(out)
-        offloaded = [offload_note(host)]
-    else:
-        offloaded = []
-    notes = [f"FSDP2 over {N} ranks: per-rank figures derived from the single-device trace "
-             "(fully_shard under a fake process group is not traced: it resizes storages in "
-             "place, which a dispatch-mode tracker cannot see); parameters, gradients and "
-             f"optimizer state sharded 1/{N} per tensor with FSDP2's dim-0 padding; unsharded "
-             f"{what} in the compute dtype", *offloaded]
-    return out, notes
+def _fsdp_facts(raw: TraceResult, peak_name: str) -> dict:
+    """What FSDP held at the traced peak, by label: the unsharded parameters, the all-gather
+    and reduce-scatter buffers (bytes on the traced rank)."""
+    ph = next((p for p in raw.phases if p.name == peak_name), None)
+    held = ph.labelled_bytes if ph is not None else {}
+    return {"version": raw.fsdp_version, "world_size": raw.world_size, "how": "traced per rank",
+            "unsharded_params_bytes": held.get("unsharded", 0),
+            "all_gather_bytes": held.get("all-gather", 0),
+            "reduce_scatter_bytes": held.get("reduce-scatter", 0)}
 
 
-def _offloaded(phases: list[dict]) -> tuple[list[dict], int]:
-    """FSDP2 CPU offload: the sharded states leave the device; the optimizer steps on the host
-    (its temporaries with it). The host bytes: the largest sharded states of any phase."""
+def _offloaded(phases: list[dict], buffer_bytes: int = 0) -> tuple[list[dict], int]:
+    """FSDP CPU offload: the sharded states leave the device (buffers, which FSDP does not shard
+    or offload, stay: QLoRA's absmax); the optimizer steps on the host (its temporaries with it).
+    The host bytes: the largest sharded states of any phase."""
     host = max(p["weights"] + p["master_weights"] + p["gradients"] + p["optimizer"]
-               for p in phases)
+               for p in phases) - buffer_bytes
     out = []
     for p in phases:
-        q = dict(p, weights=0, master_weights=0, gradients=0, optimizer=0)
+        q = dict(p, weights=min(p["weights"], buffer_bytes), master_weights=0, gradients=0,
+                 optimizer=0)
         if p["name"].startswith("optimizer"):
             q["temporary"] = 0
         out.append(q)
-    return out, host
+    return out, max(host, 0)
 
 
 def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, phases: list[dict]
@@ -431,10 +373,6 @@ def _fp8_on_trace(spec: RunSpec, arch: Arch | None, stack: str, phases: list[dic
     return out
 
 
-def _is_master(spec: RunSpec, trainable: bool) -> bool:
-    return trainable and spec.mixed
-
-
 def scaled_planner(traced: MemoryPlan, analytic: MemoryPlan):
     """An analytic planner scaled by traced/analytic ratios taken at the spec, for the inverse
     queries (max micro-batch, max sequence length, device counts), which would otherwise need
@@ -449,11 +387,15 @@ def scaled_planner(traced: MemoryPlan, analytic: MemoryPlan):
         a = analytic_plan(spec, arch, stack)
         allocated = max(int(_states(ph) * r_states + _rest(ph) * (r_opt if _is_opt(ph) else r_act))
                         for ph in a.phases)
-        allocated = max(allocated, a.per_device.load_peak_bytes)
-        slack = runtime_constants()["allocator"]["reserve_slack_fraction"]
         d = a.per_device
+        workspace = d.allocated_peak_bytes - max(max(p.total_bytes for p in a.phases),
+                                                 d.load_peak_bytes)
+        allocated = max(allocated, d.load_peak_bytes) + workspace
+        a_peak = max(a.phases, key=lambda p: p.total_bytes)
+        transient = int((a_peak.total_bytes - a_peak.states_bytes) * r_act)
         d.allocated_peak_bytes = allocated
-        d.reserved_peak_bytes = int(allocated * (1 + slack))
+        d.reserved_peak_bytes = reserve(allocated, transient,
+                                        varied=varied_shapes(spec)).reserved_bytes
         d.device_peak_bytes = d.reserved_peak_bytes + d.runtime_overhead_bytes
         return a
 

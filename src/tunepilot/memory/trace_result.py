@@ -32,12 +32,27 @@ class TracedPhase(_Message):
     saved_bytes: int = 0
     weight_cast_bytes: int = 0
     weight_cast_activations_bytes: int = 0
+    labelled_bytes: dict[str, int] = Field(default_factory=dict)  # unsharded, all-gather, ...
     weights_bytes: int = 0
     master_weights_bytes: int = 0
     gradients_bytes: int = 0
     optimizer_bytes: int = 0
     activations_bytes: int = 0
     temporary_bytes: int = 0
+
+
+class TracedAllocator(_Message):
+    """The traced allocations replayed through the CUDA caching allocator's rules
+    (memory/allocator.py): the peak of reserved segments, bytes."""
+
+    reserved_peak_bytes: int
+    allocated_peak_bytes: int
+    training_reserved_peak_bytes: int  # without the validation pass
+    training_allocated_peak_bytes: int
+    expandable_reserved_peak_bytes: int  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    num_segments: int
+    num_allocations: int
+    reserved_by_stream: dict[str, int] = Field(default_factory=dict)
 
 
 class TracedModel(_Message):
@@ -51,6 +66,7 @@ class TracedModel(_Message):
     layer_numel: int
     root_numel: int
     total_base_numel: int
+    buffer_bytes: int = 0  # buffers (FSDP keeps them whole on the device: QLoRA's absmax)
 
 
 class TraceResult(_Message):
@@ -71,6 +87,10 @@ class TraceResult(_Message):
     num_ops: int
     notes: list[str] = Field(default_factory=list)
     model: TracedModel
+    allocator: TracedAllocator | None = None
+    world_size: int = 1  # the ranks the step was traced as one of (FSDP: a fake process group)
+    strategy: str = "single"
+    fsdp_version: int | None = None  # FSDP traced per rank: 1 or 2
     child_wall_s: float
     child_peak_rss_bytes: int
     traced_on: str
@@ -82,4 +102,5 @@ class TraceResult(_Message):
         return self.model_dump(include={
             "attention_path", "attention_kernel", "optimizer_impl", "step1_peak_bytes",
             "micro_batch_peaks_bytes", "accumulation_peak_stable", "peak_raw_bytes", "num_ops",
-            "child_wall_s", "child_peak_rss_bytes", "saved_bytes_at_peak", "traced_on"})
+            "child_wall_s", "child_peak_rss_bytes", "saved_bytes_at_peak", "traced_on",
+            "allocator", "world_size", "fsdp_version"})

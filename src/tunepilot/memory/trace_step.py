@@ -26,8 +26,23 @@ from tunepilot.memory.standins import (
     to_fake,
     unpacked_sequences,
 )
+from tunepilot.memory.trace_fsdp import (
+    fake_process_group,
+    fsdp1_init_events,
+    fsdp1_on_fake_tensors,
+    is_sharded,
+    mark_unsharded,
+    packed_nf4,
+    shard_traced,
+)
 from tunepilot.memory.trace_result import TraceJob, TraceResult
-from tunepilot.memory.tracker import CUDA_BLOCK_BYTES, StorageTracker, round_block
+from tunepilot.memory.tracker import (
+    CUDA_BLOCK_BYTES,
+    FSDP1_STREAM_OF_LABEL,
+    MODEL_STATE,
+    StorageTracker,
+    round_block,
+)
 from tunepilot.spec import RunSpec
 
 # a micro-batch's peak may grow by the detached loss train_step keeps (one 512-byte block)
@@ -49,17 +64,27 @@ class _Traced:
     nf4: dict = field(default_factory=dict)
     impl: str = "for-loop"
     losses: list = field(default_factory=list)
+    train_events: int = 0  # allocation-log entries of the training steps (before validation)
+    counts: dict = field(default_factory=dict)  # parameter counts before sharding
+    buffer_seqs: set = field(default_factory=set)  # the tracker's records of the buffers
 
 
 def _build_spec(spec: RunSpec, notes: list[str]) -> RunSpec:
     """QLoRA is built as LoRA on a 16-bit base whose linears become NF4 stand-ins."""
     if spec.method.kind != "qlora":
         return spec
-    notes.append("QLoRA: bitsandbytes is CUDA-only, so the NF4 base is traced as "
-                 f"{spec.frozen_base_dtype} frozen linears counted at NF4 size (codes + "
-                 f"absmax{' with double quantization' if spec.method.double_quant else ''}"
-                 "), each matmul dequantising a weight-sized bf16 temporary as bitsandbytes "
-                 "does; the rest (LoRA, activations, optimizer) is traced")
+    if is_sharded(spec):
+        notes.append("QLoRA under FSDP: bitsandbytes is CUDA-only, so each quantized linear is "
+                     "traced as its packed 4-bit storage (bnb_4bit_quant_storage "
+                     f"{spec.quant_storage_dtype}), sharded with the layer, and its absmax "
+                     "constants, whole on every rank; each matmul dequantises a weight-sized "
+                     "bf16 temporary in forward and again in backward, as bitsandbytes does")
+    else:
+        notes.append("QLoRA: bitsandbytes is CUDA-only, so the NF4 base is traced as "
+                     f"{spec.frozen_base_dtype} frozen linears counted at NF4 size (codes + "
+                     f"absmax{' with double quantization' if spec.method.double_quant else ''}"
+                     "), each matmul dequantising a weight-sized bf16 temporary as "
+                     "bitsandbytes does; the rest (LoRA, activations, optimizer) is traced")
     method = dict(spec.method.model_dump(), kind="lora", base_dtype=spec.frozen_base_dtype)
     return spec.with_changes(method=method)
 
@@ -96,21 +121,34 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
     from tunepilot.training import build_run
 
     dev = torch.device("cpu" if fake else device)
-    t = _Traced(spec, None, StorageTracker(), dev,
+    t = _Traced(spec, None, StorageTracker(log_events=True), dev,
                 FakeTensorMode() if fake else None)  # its dispatch cache: layers 2..L are free
+
+    sharded = is_sharded(spec)
+    mesh = fake_process_group(spec.parallel.world_size) if sharded else None
 
     def prepare(model):
         fused_activations(model, spec, t.notes)
         kernel_standins(model, spec, config, t.notes)
+        if sharded:  # counted whole, before the 4-bit packing and the sharding
+            t.counts = model_counts(model)
+        if sharded and spec.method.kind == "qlora":
+            packed_nf4(model, spec)
         if t.fake_mode is not None:
             to_fake(model, t.fake_mode)
-        if spec.method.kind == "qlora":
+        if spec.method.kind == "qlora" and not sharded:
             t.nf4 = emulate_nf4(model, spec)
+        if sharded:
+            with t.fake_mode or contextlib.nullcontext():
+                model = shard_traced(model, spec, mesh, t.notes)
         return model, None
 
     def prepare_reference(model):  # the frozen copy of a full run's DPO/GRPO reference
         if t.fake_mode is not None:
             to_fake(model, t.fake_mode)
+        if sharded:  # sharded like the policy
+            with t.fake_mode or contextlib.nullcontext():
+                model = shard_traced(model, spec, mesh, [])
         return model, None
 
     factory = _optimizer_factory(t, stack)
@@ -158,11 +196,14 @@ def kernel_standins(model, spec: RunSpec, config: dict, notes: list[str]) -> int
     return apply_kernel_standins(model, spec, Arch.from_config(config), notes)
 
 
-def register_model(tracker: StorageTracker, model, spec, nf4: dict, reference=None) -> dict:
-    """Register parameters and buffers; return the figures the parent derives DDP/FSDP from."""
-    mixed = spec.precision.endswith("-mixed")
+def register_model(tracker: StorageTracker, model, spec, nf4: dict, reference=None,
+                   counts: dict | None = None) -> dict:
+    """Register parameters and buffers (a sharded model's local shards) and a DPO/GRPO
+    reference copy's; return the model's figures: counts (`counts`, taken before sharding,
+    when given), bytes as held here."""
+    mixed = spec.mixed
     rows, seen = [], set()
-    total = trainable = trainable_bytes = 0
+    trainable_bytes = 0
     for p in model.parameters():
         if id(p) in seen:
             continue
@@ -170,28 +211,55 @@ def register_model(tracker: StorageTracker, model, spec, nf4: dict, reference=No
         cat = "master_weights" if (p.requires_grad and mixed) else "weights"
         parts = nf4.get(id(p))
         tracker.register(p, cat, parts)
-        nbytes = sum(parts) if parts else p.numel() * p.element_size()
-        rows.append([int(p.shape[0]) if p.dim() else 1, int(nbytes), bool(p.requires_grad)])
-        total += p.numel()
+        local = getattr(p, "_local_tensor", p)  # a DTensor's shard on this rank
+        nbytes = sum(parts) if parts else local.numel() * local.element_size()
+        rows.append([int(local.shape[0]) if local.dim() else 1, int(nbytes),
+                     bool(p.requires_grad)])
         if p.requires_grad:
-            trainable += p.numel()
             trainable_bytes += round_block(nbytes)
+    buffers = {}
     for b in model.buffers():
         tracker.register(b, "weights")
-    if reference is not None:  # a frozen copy: weights, sharded like the policy's under FSDP
+        buffers[id(b)] = round_block(b.numel() * b.element_size())
+    info = {**(counts or model_counts(model)), "trainable_bytes": trainable_bytes,
+            "param_rows": rows, "buffer_bytes": sum(buffers.values()),
+            "buffer_seqs": buffer_seqs(tracker, model)}
+    if reference is not None:  # a frozen copy: weights, sharded like the policy under FSDP
         for p in reference.parameters():
             tracker.register(p, "weights")
-            rows.append([int(p.shape[0]) if p.dim() else 1, p.numel() * p.element_size(), False])
-            total += p.numel()
-    # the decoder layers: the ModuleList holding the most parameters (model.layers, gpt_neox.
-    # layers, transformer.h, ... whatever the architecture calls it)
+            local = getattr(p, "_local_tensor", p)
+            rows.append([int(local.shape[0]) if local.dim() else 1,
+                         local.numel() * local.element_size(), False])
+            info["total_params"] += p.numel()
+            info["total_base_numel"] += p.numel()
+    return info
+
+
+def buffer_seqs(tracker: StorageTracker, model) -> list[int]:
+    """The tracker's record numbers of the model's buffers (FSDP keeps them on the device)."""
+    out = []
+    for b in model.buffers():
+        st = tracker._storage(b)
+        rec = tracker._recs.get(st._cdata) if st is not None else None
+        if rec is not None:
+            out.append(rec.seq)
+    return out
+
+
+def model_counts(model) -> dict:
+    """Parameter counts of the (unsharded) model: total, trainable, one decoder layer's, the
+    rest's (the decoder layers: the ModuleList holding the most parameters - model.layers,
+    gpt_neox.layers, transformer.h, ... whatever the architecture calls it)."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    total = sum(p.numel() for p in params)
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
     layers = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()), default=[])
     layer_numel = sum(p.numel() for p in layers[0].parameters()) if len(layers) else 0
     in_layers = sum(p.numel() for lyr in layers for p in lyr.parameters())
-    return {"total_params": total, "trainable_params": trainable,
-            "trainable_bytes": trainable_bytes, "param_rows": rows, "layer_numel": layer_numel,
-            "root_numel": total - in_layers, "total_base_numel": total}
+    return {"total_params": total,
+            "trainable_params": sum(p.numel() for p in params if p.requires_grad),
+            "layer_numel": layer_numel, "root_numel": total - in_layers,
+            "total_base_numel": total}
 
 
 def _micro_step(t: _Traced, prefix: str, mask, num_items) -> None:
@@ -313,6 +381,9 @@ def _optimizer_step(t: _Traced) -> None:
     from tunepilot.training import update
 
     w = t.tracker.open_window("optimizer-step")
+    for p in t.run.state.model.parameters():  # FSDP1 sets flat gradients without the hook
+        if p.grad is not None:
+            t.tracker.classify(p.grad, "gradients")
     update(t.run.state)
     for st in t.run.state.optimizer.state.values():
         for v in st.values():
@@ -352,7 +423,14 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
     cuda = t.dev.type == "cuda"
     allocator: dict = {}
     generative = spec.objective.generative
-    with tr, tr.saved_tensors_hooks():
+    sharded = is_sharded(spec)
+    fsdp1 = sharded and spec.parallel.fsdp_version == 1
+    fsdp1_fake = fsdp1 and t.fake_mode is not None
+    if fsdp1:
+        tr.stream_of_label = FSDP1_STREAM_OF_LABEL
+    with tr, tr.saved_tensors_hooks(), \
+            tr.track_resizes() if sharded else contextlib.nullcontext(), \
+            fsdp1_on_fake_tensors(fsdp1_fake):
         step1 = tr.open_window("step 1")
         if generative:
             _rollout_windows(t, mask is not None)
@@ -360,6 +438,8 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
         _optimizer_step(t)
         tr.close_window(step1)
         n_step1 = len(tr.peaks)
+        if sharded:
+            mark_unsharded(state.model, tr)
         if cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -374,6 +454,7 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
             torch.cuda.synchronize()
             allocator = {"cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
                          "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
+        t.train_events = len(tr.events or [])
         if not generative:  # GRPO/RLOO validate by generating: the generation phase
             _validation_pass(t, mask)
     return n_step1, step2, allocator
@@ -413,7 +494,9 @@ def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
     packing = unpacked_sequences() if fake and not getattr(spec.data, "packing", False) else contextlib.nullcontext()
     with t.fake_mode or contextlib.nullcontext(), packing, \
             CudaAutocastRules() if cuda_rules else contextlib.nullcontext():
-        info = register_model(t.tracker, t.run.model, spec, t.nf4, t.run.state.reference)
+        info = register_model(t.tracker, t.run.model, spec, t.nf4, t.run.state.reference,
+                              t.counts or None)
+        t.buffer_seqs = set(info.pop("buffer_seqs"))
         n_step1, step2, allocator = _run_two_steps(t)
         attention, kernel = attention_path(t.tracker)
     out = _summary(t, n_step1, step2, attention, kernel, fake)
@@ -421,7 +504,10 @@ def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
     out["notes"].insert(0, f"traced: the training step on {where}, transformers "
                         f"{transformers.__version__}, torch {torch.__version__}, 2 optimizer "
                         "steps, peak of step 2; attention " + attention.split(":")[0])
-    out.update(model=info, child_wall_s=round(time.perf_counter() - t0, 2),
+    out.update(model=info, allocator=replayed(t), world_size=spec.parallel.world_size,
+               strategy=spec.parallel.strategy,
+               fsdp_version=spec.parallel.fsdp_version if is_sharded(spec) else None,
+               child_wall_s=round(time.perf_counter() - t0, 2),
                child_peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                traced_on=f"{where}, torch {torch.__version__}", **allocator)
     return TraceResult.model_validate(out)
@@ -450,6 +536,44 @@ def _summary(t: _Traced, n_step1: int, step2, attention: str, kernel: str, fake:
         "attention_kernel": kernel, "optimizer_impl": t.impl, "num_ops": tr.num_ops,
         "notes": t.notes,
     }
+
+
+def replayed(t: _Traced) -> dict | None:
+    """The traced allocations (model, two steps, validation) replayed through the caching
+    allocator's rules (memory/allocator.py): its reserved peak, with and without the validation
+    pass, and with expandable segments."""
+    from tunepilot.memory.allocator import replay
+
+    events = t.tracker.events
+    if not events:
+        return None
+    train_events = t.train_events or len(events)
+    if is_sharded(t.spec) and t.spec.parallel.cpu_offload:
+        events = _offloaded_events(t, events)
+        train_events = min(train_events, len(events))
+    if is_sharded(t.spec) and t.spec.parallel.fsdp_version == 1:
+        init, taken = fsdp1_init_events(t.run.model, t.tracker, t.spec.parallel.cpu_offload)
+        kept = [e for e in events if not (e[0] > 0 and e[1] in taken)]
+        train_events = len(init) + train_events - (len(events) - len(kept))
+        events = init + kept
+    train = replay(events[:train_events])
+    whole = replay(events)
+    expandable = replay(events, expandable_segments=True)
+    return {"reserved_peak_bytes": whole.reserved_peak_bytes,
+            "allocated_peak_bytes": whole.allocated_peak_bytes,
+            "training_reserved_peak_bytes": train.reserved_peak_bytes,
+            "training_allocated_peak_bytes": train.allocated_peak_bytes,
+            "expandable_reserved_peak_bytes": expandable.reserved_peak_bytes,
+            "num_segments": whole.num_segments, "num_allocations": whole.num_allocations,
+            "reserved_by_stream": {str(k): v for k, v in whole.reserved_by_stream.items()}}
+
+
+def _offloaded_events(t: _Traced, events: list) -> list:
+    """The allocation log as the device sees it under CPU offload: without the sharded states
+    (parameters other than buffers, gradients, optimizer state), which live on the host."""
+    host = {rec.seq for rec in t.tracker._recs.values()
+            if rec.cat in MODEL_STATE and rec.seq not in t.buffer_seqs}
+    return [e for e in events if e[1] < 0 or e[1] // 64 not in host]
 
 
 def attention_path(tracker: StorageTracker) -> tuple[str, str]:

@@ -28,10 +28,18 @@ simulates a smaller device), ``device_type`` counts only that device's storages,
 (``enter``) mark where in a step it is: the first op inside an autograd node marks
 "backward-start", the moment all of forward's saved activations are alive. What it sees is the
 bytes of tensors ATen ops return: a kernel's internal scratch (inside SDPA or cuBLAS) is not.
+
+Sharded steps (FSDP under a fake process group): a DTensor's own dispatch runs first and the
+tracker sees the local ops it turns into; ``track_resizes`` follows the storages FSDP frees and
+re-allocates in place (``UntypedStorage.resize_``, which no dispatch mode sees), labelled
+"unsharded"; the buffers handed to all-gather and reduce-scatter are labelled as such. With
+``log_events`` every allocation and release is kept in order (memory/allocator.py replays them
+through the caching allocator's rules for the reserved peak).
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass, field
 
@@ -44,6 +52,17 @@ MODEL_STATE = frozenset(("weights", "master_weights", "gradients", "optimizer"))
 CUDA_BLOCK_BYTES = 512
 
 _TO_COPY = torch.ops.aten._to_copy.default
+# c10d ops a process group runs (fake or real): the buffer each hands over, by argument index.
+_COLLECTIVE_BUFFERS: dict = {}
+with contextlib.suppress(AttributeError, RuntimeError):
+    _COLLECTIVE_BUFFERS = {torch.ops.c10d._allgather_base_.default: (0, "all-gather"),
+                           torch.ops.c10d._reduce_scatter_base_.default: (1, "reduce-scatter")}
+UNSHARDED = "unsharded"  # label of a storage FSDP resizes in place (an unsharded parameter)
+# FSDP's own CUDA streams, by label: FSDP2 allocates the all-gather buffer on its all-gather
+# stream and copies out on the default one; FSDP1 resizes the unsharded flat parameter itself on
+# its unshard stream (_runtime_utils._unshard). Reduce-scatter: the post-backward stream.
+STREAM_OF_LABEL = {"all-gather": 1, "reduce-scatter": 2}
+FSDP1_STREAM_OF_LABEL = {"all-gather": 1, UNSHARDED: 1, "reduce-scatter": 2}
 SIMULATED_OOM = "simulated device memory limit"  # starts the message of a simulated OOM
 
 
@@ -64,18 +83,20 @@ class Peak:
     saved_bytes: int = 0  # of which autograd's saved tensors (not parameters)
     weight_cast_bytes: int = 0  # of which 16-bit copies of parameters made by autocast
     weight_cast_activations_bytes: int = 0  # of those, the ones held as activations
+    labels: dict = field(default_factory=dict)  # labelled storages' bytes at the peak
 
     def to_dict(self) -> dict:
         return {"name": self.name, "peak_bytes": self.peak_bytes,
                 "peak_raw_bytes": self.peak_raw_bytes, "saved_bytes": self.saved_bytes,
                 "weight_cast_bytes": self.weight_cast_bytes,
-                "weight_cast_activations_bytes": self.weight_cast_activations_bytes, **{
+                "weight_cast_activations_bytes": self.weight_cast_activations_bytes,
+                "labelled_bytes": {k: v for k, v in self.labels.items() if v}, **{
                     f"{c}_bytes": self.by_category.get(c, 0) for c in CATEGORIES}}
 
 
 class _Rec:
     __slots__ = ("nbytes", "raw", "storage_nbytes", "cat", "seq", "classified", "saved", "cast",
-                 "ref")
+                 "ref", "label", "parts", "event")
 
     def __init__(self, nbytes: int, raw: int, storage_nbytes: int, cat: str, seq: int,
                  classified: bool):
@@ -83,6 +104,9 @@ class _Rec:
         self.cat, self.seq = cat, seq
         self.classified, self.saved, self.cast = classified, 0, False
         self.ref = None
+        self.label: str | None = None
+        self.parts: list[int] | None = None
+        self.event = -1  # index of its allocation event(s) in the log
 
 
 class _Packed:
@@ -106,8 +130,12 @@ class StorageTracker(TorchDispatchMode):
     """
 
     def __init__(self, block_bytes: int = CUDA_BLOCK_BYTES, *, limit_bytes: int | None = None,
-                 device_type: str | None = None):
+                 device_type: str | None = None, log_events: bool = False):
         super().__init__()
+        # (+1 alloc | -1 free, allocation id, raw bytes, stream): the allocator's view, in order
+        self.events: list[list[int]] | None = [] if log_events else None
+        self.label_bytes: dict[str, int] = {}
+        self.stream_of_label = STREAM_OF_LABEL  # FSDP1_STREAM_OF_LABEL for an FSDP1 trace
         self.block_bytes = block_bytes
         self.limit_bytes = limit_bytes
         self.device_type = device_type
@@ -133,6 +161,7 @@ class StorageTracker(TorchDispatchMode):
 
     # --- registration ------------------------------------------------------------------------
     def _storage(self, t):
+        t = getattr(t, "_local_tensor", t)  # a DTensor's shard on this rank
         if self.device_type is not None and t.device.type != self.device_type:
             return None
         try:
@@ -147,6 +176,8 @@ class StorageTracker(TorchDispatchMode):
               else sum(round_block(x, self.block_bytes) for x in parts))
         self.seq += 1
         rec = _Rec(nb, raw, st_nb, cat, self.seq, classified)
+        rec.parts = parts
+        self._log_alloc(rec)
         key = st._cdata
         rec.ref = weakref.ref(st, lambda _r, k=key, rec=rec: self._free(k, rec))
         self._recs[key] = rec
@@ -214,6 +245,9 @@ class StorageTracker(TorchDispatchMode):
     def _free(self, key: int, rec: _Rec) -> None:
         if self._recs.get(key) is rec:
             del self._recs[key]
+        self._log_free(rec)
+        if rec.label:
+            self.label_bytes[rec.label] -= rec.nbytes
         self.live_bytes -= rec.nbytes
         self.live_raw_bytes -= rec.raw
         self.by_category[rec.cat] -= rec.nbytes
@@ -226,24 +260,113 @@ class StorageTracker(TorchDispatchMode):
 
     def _resized(self, rec: _Rec, st_nb: int) -> None:
         raw = st_nb if rec.raw == rec.storage_nbytes else rec.raw * st_nb // max(rec.storage_nbytes, 1)
+        self._log_free(rec)  # the allocator frees the old block and allocates the new size
         rec.storage_nbytes = st_nb
         nb = round_block(raw, self.block_bytes)
         self.live_bytes += nb - rec.nbytes
         self.live_raw_bytes += raw - rec.raw
         self.by_category[rec.cat] += nb - rec.nbytes
+        if rec.label:
+            self.label_bytes[rec.label] += nb - rec.nbytes
         rec.nbytes, rec.raw = nb, raw
+        rec.parts = None
+        self._log_alloc(rec)
         self._note_peak()
+
+    # --- labels, resizes and the allocation log -------------------------------------------------
+    def _log_alloc(self, rec: _Rec) -> None:
+        if self.events is None or rec.raw <= 0:
+            rec.event = -1
+            return
+        rec.event = len(self.events)
+        stream = self.stream_of_label.get(rec.label or "", 0)
+        for i, part in enumerate(rec.parts or [rec.raw]):
+            self.events.append([1, rec.seq * 64 + i, part, stream])
+
+    def _log_free(self, rec: _Rec) -> None:
+        if self.events is None or rec.event < 0:
+            return
+        for i in range(len(rec.parts or [rec.raw])):
+            self.events.append([-1, rec.seq * 64 + i, 0, 0])
+        rec.event = -1
+
+    def label(self, t: torch.Tensor, name: str) -> None:
+        """Label `t`'s storage (the first label sticks): its bytes are reported by label at each
+        peak, and the allocation log puts FSDP's collective buffers on their own stream."""
+        st = self._storage(t)
+        rec = self._recs.get(st._cdata) if st is not None else None
+        if rec is not None and not rec.label:
+            self._set_label(rec, name)
+
+    def _set_label(self, rec: _Rec, name: str) -> None:
+        rec.label = name
+        self.label_bytes[name] = self.label_bytes.get(name, 0) + rec.nbytes
+        if self.events is not None and rec.event >= 0 and name in self.stream_of_label:
+            for i in range(len(rec.parts or [rec.raw])):
+                self.events[rec.event + i][3] = self.stream_of_label[name]
+
+    @contextlib.contextmanager
+    def track_resizes(self):
+        """Follow ``UntypedStorage.resize_`` (FSDP's unshard / reshard of parameters, which no
+        dispatch mode sees, as PyTorch's own FSDP memory tracker does): a storage that grows from
+        nothing is a new allocation labelled "unsharded" (temporary: FSDP frees it again)."""
+        orig = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(st, size):
+            out = orig(st, size)
+            if tracker.device_type is None or st.device.type == tracker.device_type:
+                tracker._storage_resized(st)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        try:
+            yield self
+        finally:
+            torch.UntypedStorage.resize_ = orig
+
+    def _storage_resized(self, st) -> None:
+        rec = self._recs.get(st._cdata)
+        if rec is None:
+            if st.nbytes() > 0:
+                rec = self._new(st, "temporary", True)
+                self._label_unsharded(rec)
+            return
+        self._label_unsharded(rec)
+        if st.nbytes() != rec.storage_nbytes:
+            self._resized(rec, st.nbytes())
+
+    def mark_unsharded(self, t: torch.Tensor) -> None:
+        """`t` is an unsharded parameter buffer FSDP owns (one it never resizes, e.g. the root's
+        when FSDP keeps it between forward and backward): label it, count it as temporary."""
+        st = self._storage(t)
+        rec = self._recs.get(st._cdata) if st is not None else None
+        if rec is not None:
+            self._label_unsharded(rec)
+
+    def _label_unsharded(self, rec: _Rec) -> None:
+        if rec.label is None:
+            self._set_label(rec, UNSHARDED)
+        if rec.cat != "temporary":  # working memory FSDP frees again, not a saved activation
+            self._classify(rec, "temporary")
+        rec.classified = True
 
     # --- the dispatch hook -------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.region == "step" and "backward-start" not in self.marks and \
                 torch._C._current_autograd_node() is not None:
             self.marks["backward-start"] = self.live_bytes
+        if _DTENSOR is not None and any(issubclass(t, _DTENSOR) for t in types):
+            return NotImplemented  # DTensor's dispatch first: the tracker sees its local ops
         before = self.live_bytes
         out = func(*args, **(kwargs or {}))
         self.num_ops += 1
         self.ops_seen.add(func)
         self._see_all(out, func, args)
+        if func in _COLLECTIVE_BUFFERS:
+            i, name = _COLLECTIVE_BUFFERS[func]
+            if len(args) > i and isinstance(args[i], torch.Tensor):
+                self.label(args[i], name)
         if self.limit_bytes is not None and self.live_bytes > before:
             self.check_limit(f" after {func} allocated {self.live_bytes - before} bytes")
         return out
@@ -293,12 +416,14 @@ class StorageTracker(TorchDispatchMode):
                 p.saved_bytes = self.saved_bytes
                 p.weight_cast_bytes = self.weight_cast_bytes
                 p.weight_cast_activations_bytes = self.weight_cast_activations_bytes
+                p.labels = dict(self.label_bytes)
             if self.live_raw_bytes > p.peak_raw_bytes:
                 p.peak_raw_bytes = self.live_raw_bytes
 
     def open_window(self, name: str) -> Peak:
         p = Peak(name, self.live_bytes, self.live_raw_bytes, self.seq, dict(self.by_category),
-                 self.saved_bytes, self.weight_cast_bytes, self.weight_cast_activations_bytes)
+                 self.saved_bytes, self.weight_cast_bytes, self.weight_cast_activations_bytes,
+                 dict(self.label_bytes))
         self._open.append(p)
         return p
 
@@ -361,6 +486,17 @@ class StorageTracker(TorchDispatchMode):
             raise torch.OutOfMemoryError(
                 f"{SIMULATED_OOM} (--memory-limit {self.limit_bytes} bytes): "
                 f"{self.live_bytes} bytes of tensors live{what}")
+
+
+def _dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor
+    except (ImportError, RuntimeError):  # a build without torch.distributed
+        return None
+    return DTensor
+
+
+_DTENSOR = _dtensor_class()
 
 
 def tensor_bytes(tensors) -> int:

@@ -5,9 +5,10 @@
 (the job: spec, strategy, micro-batch, accumulation, global batch, steps, device, out dir).
 
 Each rank builds the spec's model (same seed, so the same weights everywhere), wraps it -
-`DistributedDataParallel`, or FSDP2 `fully_shard` per decoder layer then the root with the spec's
-reshard_after_forward, or nothing for the 1-rank baseline - and runs warm-up + measured optimizer
-steps with tunepilot.training.train_step. Its shard of the data comes from tunepilot.dataset's
+`DistributedDataParallel`, or FSDP as tunepilot.model.shard.shard_model does it (FSDP2
+`fully_shard` per decoder layer then the root, or FSDP1 where the spec says so), or nothing for
+the 1-rank baseline - and runs warm-up + measured optimizer steps with
+tunepilot.training.train_step. Its shard of the data comes from tunepilot.dataset's
 StatefulDistributedSampler, so the ranks together read the single-device order: sample k of
 rank r is sample k*N + r of the baseline. It writes OUT/rank{R}.json and, on local rank 0,
 OUT/all_ranks.json with every rank's record (gathered over the process group, so the first
@@ -58,22 +59,6 @@ def sample_fingerprints(batch: dict) -> list[str]:
         out.append(batch_fingerprint({"input_ids": batch["input_ids"][b, keep][None],
                                       "labels": batch["labels"][b, keep][None]}))
     return out
-
-
-def decoder_layers(model) -> list:
-    """The model's decoder layers: the classes transformers will not split (_no_split_modules),
-    else the children of a ModuleList called 'layers'."""
-    import torch
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    names = set(getattr(base, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if layers:
-        return layers
-    for name, m in model.named_modules():
-        if name.endswith("layers") and isinstance(m, torch.nn.ModuleList):
-            return list(m)
-    return []
 
 
 class CommTimer:
@@ -131,13 +116,10 @@ def wrap(model, strategy: str, spec, device, timer: CommTimer | None):
         if timer is not None:
             ddp.register_comm_hook(timer, timed_allreduce_hook)
         return ddp, ddp.no_sync
-    from torch.distributed.fsdp import fully_shard
+    from tunepilot.model.shard import shard_model
 
-    reshard = spec.parallel.reshard_after_forward
-    for layer in decoder_layers(model):
-        fully_shard(layer, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
-    return model, None
+    offload = spec.parallel.cpu_offload and device.type == "cuda"  # nothing to offload from on CPU
+    return shard_model(model, spec, device=device, offload=offload), None
 
 
 class MemoryWatch:

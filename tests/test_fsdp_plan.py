@@ -1,0 +1,94 @@
+"""Round 3 of plan accuracy (issue 28): FSDP's load and init, FSDP + QLoRA's spec, LitGPT's loss.
+
+The traced per-rank FSDP step itself is tested in test_trace.py; the allocator replay in
+test_allocator.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tunepilot.errors import SpecError
+from tunepilot.memory.activations import logits_bytes
+from tunepilot.memory.analytic import analytic_plan
+from tunepilot.model.arch import Arch, load_preset
+from tunepilot.spec import spec_from_dict
+
+BASE = {"model": {"preset": "llama-2-7b"}, "method": {"kind": "qlora"},
+        "precision": "bf16-true", "sequence_length": 2048}
+FSDP = {"strategy": "fsdp", "devices": 2}
+
+
+def plan(**over):
+    s = spec_from_dict({**BASE, **over})
+    return s, analytic_plan(s, Arch.from_config(load_preset("llama-2-7b")))
+
+
+def test_fsdp_qlora_packs_in_the_base_dtype_and_fsdp1_refuses_uint8_with_the_fix():
+    s, _ = plan(parallel=FSDP)
+    assert s.quant_storage_dtype == "bf16"  # sharded with the rest of the layer
+    assert plan()[0].quant_storage_dtype == "uint8"  # one device: bitsandbytes' default
+    with pytest.raises(SpecError, match="quant_storage: bf16"):
+        spec_from_dict({**BASE, "method": {"kind": "qlora", "quant_storage": "uint8"},
+                        "parallel": dict(FSDP, fsdp_version=1)})
+
+
+def test_fsdp_loads_a_unit_at_a_time_and_offload_keeps_no_shards_on_the_device():
+    _, one = plan()
+    _, two = plan(parallel=FSDP)
+    _, off = plan(parallel=dict(FSDP, cpu_offload=True))
+    assert two.per_device.load_peak_bytes < one.per_device.load_peak_bytes
+    assert off.per_device.load_peak_bytes < two.per_device.load_peak_bytes
+    assert off.peak_phase != "model-load"  # the step, not the load, sets an offloaded peak
+
+
+def test_litgpt_keeps_every_chunk_of_its_loss_and_tunepilots_chunked_loss_does_not():
+    a = Arch.from_config(load_preset("llama-2-7b"))
+    lit = spec_from_dict({**BASE, "method": {"kind": "lora"}, "micro_batch_size": 4,
+                          "model": {"preset": "llama-2-7b", "implementation": "litgpt"}})
+    chunked = lit.with_changes(model={"preset": "llama-2-7b"}, chunked_loss=True)
+    tokens = lit.tokens_per_micro_batch
+    kept, _ = logits_bytes(a, lit, 2, tokens)
+    assert lit.litgpt_loss and not lit.loss_is_chunked
+    assert kept == (2 + 2) * a.vocab_size * tokens  # bf16 logits + bf16 log-softmax, all tokens
+    assert logits_bytes(a, chunked, 2, tokens)[0] < kept / 4
+
+
+def test_litgpt_loss_is_what_the_step_runs_and_matches_plain_cross_entropy():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tunepilot.training import build_run, compute_loss
+
+    lit = spec_from_dict({"model": {"preset": "tiny", "implementation": "litgpt"},
+                          "method": {"kind": "full"}, "precision": "fp32",
+                          "sequence_length": 300, "micro_batch_size": 2})
+    model = build_run(lit, "cpu", total_steps=1, data=False).state.model
+    ids = torch.randint(0, int(model.config.vocab_size), (2, 300))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    loss = compute_loss(model, batch, lit)
+    assert len(loss.litgpt_logits) == 3  # 300 positions in chunks of 128
+    plain = compute_loss(model, batch, lit.with_changes(model={"preset": "tiny"}))
+    assert loss.item() == pytest.approx(plain.item(), rel=1e-5)
+
+
+def test_fsdp1_init_is_replayed_unit_by_unit_before_the_step():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tunepilot.memory import trace_step as ts
+    from tunepilot.memory.standins import unpacked_sequences
+    from tunepilot.memory.trace_fsdp import fsdp1_init_events
+    from tunepilot.model.arch import resolve_model_config
+
+    s = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "lora"},
+                        "precision": "bf16-true", "sequence_length": 128,
+                        "micro_batch_size": 2, "parallel": dict(FSDP, fsdp_version=1)})
+    t = ts.build_traced(s, resolve_model_config(s), "cuda", fake=True, device="cpu")
+    with t.fake_mode, unpacked_sequences():
+        ts.register_model(t.tracker, t.run.model, s, t.nf4, t.counts)
+        ts._run_two_steps(t)
+    events, taken = fsdp1_init_events(t.run.model, t.tracker, offload=False)
+    whole = sum(e[2] for e in events if e[0] > 0 and e[1] < 0)
+    assert whole >= 2 * 2 * t.counts["total_params"]  # each unit's params, then its flat copy
+    assert taken  # the shards are allocated inside their unit's init, not after all of them
+    assert sum(e[0] for e in events if e[1] < 0) == 0  # every whole copy is freed again
+    assert not fsdp1_init_events(t.run.model, t.tracker, offload=True)[1]  # shards on the host
