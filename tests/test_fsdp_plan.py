@@ -84,7 +84,7 @@ def test_fsdp1_init_is_replayed_unit_by_unit_before_the_step():
                         "micro_batch_size": 2, "parallel": dict(FSDP, fsdp_version=1)})
     t = ts.build_traced(s, resolve_model_config(s), "cuda", fake=True, device="cpu")
     with t.fake_mode, unpacked_sequences():
-        ts.register_model(t.tracker, t.run.model, s, t.nf4, t.counts)
+        ts.register_model(t.tracker, t.run.model, s, t.nf4, counts=t.counts)
         ts._run_two_steps(t)
     events, taken = fsdp1_init_events(t.run.model, t.tracker, offload=False)
     whole = sum(e[2] for e in events if e[0] > 0 and e[1] < 0)

@@ -12,7 +12,7 @@ import torch
 
 from tunepilot.dataset import build_dataset, collate, longest_batch, useful_tokens
 from tunepilot.errors import UserError
-from tunepilot.memory.analytic import analytic_plan
+from tunepilot.memory.analytic import analytic_plan, workspace_bytes
 from tunepilot.memory.trace_step import trace_step
 from tunepilot.model.arch import Arch, resolve_model_config
 from tunepilot.pilot.runner import PilotOptions, run_pilot
@@ -108,7 +108,8 @@ def test_the_trace_runs_the_real_loss_and_agrees_with_the_analytic_plan(base, ob
     cfg = resolve_model_config(s)
     traced = trace_step(s, cfg, "cuda", fake=True)
     plan = analytic_plan(s, Arch.from_config(cfg), "cuda")
-    assert traced.peak_bytes == pytest.approx(plan.per_device.allocated_peak_bytes, rel=0.15)
+    step_peak = plan.per_device.allocated_peak_bytes - workspace_bytes("cuda")  # + cuBLAS's
+    assert traced.peak_bytes == pytest.approx(step_peak, rel=0.15)
     names = [p.name for p in traced.phases]
     if s.objective.generative:
         assert names[:2] == ["generation", "reference-forward"]

@@ -103,3 +103,23 @@ class MethodSpec(_Strict):
     @property
     def is_lora(self) -> bool:
         return self.kind in ("lora", "qlora")
+
+
+def quant_storage_for(method: MethodSpec, sharded: bool, base_dtype: str) -> str:
+    """QLoRA: the dtype the 4-bit codes are packed in - method.quant_storage, else the base
+    dtype under FSDP (sharded with the rest of the layer), else bitsandbytes' uint8."""
+    if method.quant_storage is not None:
+        return method.quant_storage
+    return base_dtype if sharded else "uint8"
+
+
+def check_quant_storage(method: MethodSpec, parallel, storage: str) -> None:
+    """FSDP1 flattens a layer's parameters into one tensor of one dtype: uint8 codes beside
+    16-bit norms cannot be flattened (the reason bnb_4bit_quant_storage exists)."""
+    if (method.kind == "qlora" and parallel.strategy == "fsdp" and parallel.fsdp_version == 1
+            and storage == "uint8"):
+        raise ValueError(
+            "method.quant_storage uint8 under FSDP1: FSDP1 flattens each layer's parameters into "
+            "one tensor of one dtype, and the 4-bit codes would be uint8 beside 16-bit norms; "
+            "set method.quant_storage: bf16 (bnb_4bit_quant_storage, as the FSDP-QLoRA recipes "
+            "do) or parallel.fsdp_version: 2")

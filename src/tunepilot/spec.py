@@ -24,7 +24,7 @@ from pydantic import (
 
 from tunepilot.errors import SpecError, UserError, did_you_mean
 from tunepilot.kernels import KernelSpec
-from tunepilot.method import MethodSpec
+from tunepilot.method import MethodSpec, check_quant_storage, quant_storage_for
 from tunepilot.objective import ObjectiveSpec
 from tunepilot.yaml_input import read_yaml_mapping
 
@@ -105,9 +105,7 @@ class ParallelSpec(_Strict):
     reshard_after_forward: bool = True
     cpu_offload: bool = False
     fsdp_version: Literal[1, 2] = 2
-    """fsdp: 2 = fully_shard per decoder layer (PyTorch's FSDP2); 1 = FullyShardedDataParallel
-    flat parameters per decoder layer and per trainable module (accelerate's fsdp_version 1,
-    answer.ai's fsdp_qlora)"""
+    """fsdp: 2 = fully_shard per decoder layer; 1 = FullyShardedDataParallel (model/shard.py)"""
 
     @model_validator(mode="after")
     def _single_means_one(self) -> ParallelSpec:
@@ -394,36 +392,23 @@ class RunSpec(_Strict):
                    "remove optimizer.state_dtype or change precision")
             raise ValueError(f"optimizer.state_dtype {o.state_dtype} on {what}: PyTorch keeps "
                              f"optimizer state in the parameter dtype; {fix}")
-        if (self.method.kind == "qlora" and self.parallel.strategy == "fsdp"
-                and self.parallel.fsdp_version == 1 and self.quant_storage_dtype == "uint8"
-                and self.frozen_base_dtype != "uint8"):
-            raise ValueError(
-                "method.quant_storage uint8 under FSDP1: FSDP1 flattens each layer's parameters "
-                "into one tensor of one dtype, and the 4-bit codes would be uint8 beside "
-                f"{self.frozen_base_dtype} norms; set method.quant_storage: "
-                f"{self.frozen_base_dtype} (bnb_4bit_quant_storage, as the FSDP-QLoRA recipes "
-                "do) or parallel.fsdp_version: 2")
+        check_quant_storage(self.method, self.parallel, self.quant_storage_dtype)
         return self
 
     @property
     def quant_storage_dtype(self) -> str:
-        """QLoRA: the dtype the 4-bit codes are packed in - method.quant_storage, else the base
-        dtype under FSDP (sharded with the rest of the layer), else uint8."""
-        if self.method.quant_storage is not None:
-            return self.method.quant_storage
+        """QLoRA: the dtype the 4-bit codes are packed in (method.quant_storage_for)."""
         sharded = self.parallel.strategy == "fsdp" and self.parallel.world_size > 1
-        return self.frozen_base_dtype if sharded else "uint8"
+        return quant_storage_for(self.method, sharded, self.frozen_base_dtype)
 
     @property
     def loss_is_chunked(self) -> bool:
-        """chunked_loss (lm_head + cross-entropy per chunk, recomputed in backward): the step,
-        the trace and the plan all follow it. LitGPT runs its own loss (litgpt_loss)."""
+        """chunked_loss, recomputed per chunk (LitGPT runs its own loss: litgpt_loss)."""
         return self.chunked_loss and not self.litgpt_loss
 
     @property
     def litgpt_loss(self) -> bool:
-        """LitGPT's chunked_cross_entropy: lm_head in 128-position chunks, every chunk's logits
-        and cross-entropy kept until backward - chunked for speed, not for memory."""
+        """LitGPT's chunked_cross_entropy: every 128-position chunk kept (training.litgpt_loss)."""
         return self.model.implementation == "litgpt" and self.model.task == "causal-lm"
 
     @property

@@ -28,18 +28,17 @@ from tunepilot.memory.standins import (
 )
 from tunepilot.memory.trace_fsdp import (
     fake_process_group,
-    fsdp1_init_events,
     fsdp1_on_fake_tensors,
     is_sharded,
     mark_unsharded,
     packed_nf4,
     shard_traced,
 )
+from tunepilot.memory.trace_replay import replayed
 from tunepilot.memory.trace_result import TraceJob, TraceResult
 from tunepilot.memory.tracker import (
     CUDA_BLOCK_BYTES,
     FSDP1_STREAM_OF_LABEL,
-    MODEL_STATE,
     StorageTracker,
     round_block,
 )
@@ -504,7 +503,8 @@ def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
     out["notes"].insert(0, f"traced: the training step on {where}, transformers "
                         f"{transformers.__version__}, torch {torch.__version__}, 2 optimizer "
                         "steps, peak of step 2; attention " + attention.split(":")[0])
-    out.update(model=info, allocator=replayed(t), world_size=spec.parallel.world_size,
+    out.update(model=info, allocator=replayed(t.tracker, t.spec, t.run.model, t.train_events,
+                                         t.buffer_seqs), world_size=spec.parallel.world_size,
                strategy=spec.parallel.strategy,
                fsdp_version=spec.parallel.fsdp_version if is_sharded(spec) else None,
                child_wall_s=round(time.perf_counter() - t0, 2),
@@ -536,44 +536,6 @@ def _summary(t: _Traced, n_step1: int, step2, attention: str, kernel: str, fake:
         "attention_kernel": kernel, "optimizer_impl": t.impl, "num_ops": tr.num_ops,
         "notes": t.notes,
     }
-
-
-def replayed(t: _Traced) -> dict | None:
-    """The traced allocations (model, two steps, validation) replayed through the caching
-    allocator's rules (memory/allocator.py): its reserved peak, with and without the validation
-    pass, and with expandable segments."""
-    from tunepilot.memory.allocator import replay
-
-    events = t.tracker.events
-    if not events:
-        return None
-    train_events = t.train_events or len(events)
-    if is_sharded(t.spec) and t.spec.parallel.cpu_offload:
-        events = _offloaded_events(t, events)
-        train_events = min(train_events, len(events))
-    if is_sharded(t.spec) and t.spec.parallel.fsdp_version == 1:
-        init, taken = fsdp1_init_events(t.run.model, t.tracker, t.spec.parallel.cpu_offload)
-        kept = [e for e in events if not (e[0] > 0 and e[1] in taken)]
-        train_events = len(init) + train_events - (len(events) - len(kept))
-        events = init + kept
-    train = replay(events[:train_events])
-    whole = replay(events)
-    expandable = replay(events, expandable_segments=True)
-    return {"reserved_peak_bytes": whole.reserved_peak_bytes,
-            "allocated_peak_bytes": whole.allocated_peak_bytes,
-            "training_reserved_peak_bytes": train.reserved_peak_bytes,
-            "training_allocated_peak_bytes": train.allocated_peak_bytes,
-            "expandable_reserved_peak_bytes": expandable.reserved_peak_bytes,
-            "num_segments": whole.num_segments, "num_allocations": whole.num_allocations,
-            "reserved_by_stream": {str(k): v for k, v in whole.reserved_by_stream.items()}}
-
-
-def _offloaded_events(t: _Traced, events: list) -> list:
-    """The allocation log as the device sees it under CPU offload: without the sharded states
-    (parameters other than buffers, gradients, optimizer state), which live on the host."""
-    host = {rec.seq for rec in t.tracker._recs.values()
-            if rec.cat in MODEL_STATE and rec.seq not in t.buffer_seqs}
-    return [e for e in events if e[1] < 0 or e[1] // 64 not in host]
 
 
 def attention_path(tracker: StorageTracker) -> tuple[str, str]:
