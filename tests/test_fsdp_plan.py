@@ -71,12 +71,25 @@ def test_litgpt_loss_is_what_the_step_runs_and_matches_plain_cross_entropy():
     assert loss.item() == pytest.approx(plain.item(), rel=1e-5)
 
 
+def test_a_trace_leaves_no_process_group_behind():
+    pytest.importorskip("transformers")
+    import torch.distributed as dist
+
+    from tunepilot.memory.trace_step import trace_step
+    from tunepilot.model.arch import resolve_model_config
+
+    s = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
+                        "sequence_length": 64, "micro_batch_size": 2, "parallel": FSDP})
+    assert trace_step(s, resolve_model_config(s), "cuda").world_size == 2
+    assert not dist.is_initialized()  # a later step in this process sees one rank
+
+
 def test_fsdp1_init_is_replayed_unit_by_unit_before_the_step():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from tunepilot.memory import trace_step as ts
     from tunepilot.memory.standins import unpacked_sequences
-    from tunepilot.memory.trace_fsdp import fsdp1_init_events
+    from tunepilot.memory.trace_fsdp import fsdp1_init_events, release_fake_process_group
     from tunepilot.model.arch import resolve_model_config
 
     s = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "lora"},
@@ -92,3 +105,4 @@ def test_fsdp1_init_is_replayed_unit_by_unit_before_the_step():
     assert taken  # the shards are allocated inside their unit's init, not after all of them
     assert sum(e[0] for e in events if e[1] < 0) == 0  # every whole copy is freed again
     assert not fsdp1_init_events(t.run.model, t.tracker, offload=True)[1]  # shards on the host
+    release_fake_process_group()

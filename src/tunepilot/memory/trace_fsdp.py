@@ -63,6 +63,15 @@ def fake_process_group(world_size: int):
     return init_device_mesh("cpu", (world_size,))
 
 
+def release_fake_process_group() -> None:
+    """Destroy the fake process group a trace set up, so that nothing after it in the same
+    process (a test, the GPU check) sees a world of several ranks."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "fake":
+        dist.destroy_process_group()
+
+
 def shard_traced(model, spec, mesh, notes: list[str]):
     """The model sharded as the scaling worker shards it (no offload: see the module note)."""
     from tunepilot.model.shard import shard_model

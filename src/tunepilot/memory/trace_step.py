@@ -32,6 +32,7 @@ from tunepilot.memory.trace_fsdp import (
     is_sharded,
     mark_unsharded,
     packed_nf4,
+    release_fake_process_group,
     shard_traced,
 )
 from tunepilot.memory.trace_replay import replayed
@@ -481,6 +482,15 @@ def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
     """Two optimizer steps of the spec under a StorageTracker; the peaks of step 2, by phase.
     `fake=False` runs it on real tensors on `device` (the fake-vs-real test on the CPU; the GPU
     check on CUDA, which also records the caching allocator's own peak of step 2)."""
+    try:
+        return _trace_step(spec, config, stack, fake, device)
+    finally:
+        if is_sharded(spec):
+            release_fake_process_group()
+
+
+def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str
+                ) -> TraceResult:
     import transformers
 
     t0 = time.perf_counter()
