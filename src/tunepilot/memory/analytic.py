@@ -17,7 +17,6 @@ Optimizer state exists from step 1 on, so every phase includes it (the plan is o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 
 from tunepilot.memory import variants
 from tunepilot.memory.activations import (
@@ -44,12 +43,10 @@ from tunepilot.model.flops import (
     optimizer_bytes,
     trainable_shapes,
 )
-from tunepilot.resources import RUNTIME_YAML
+from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
+from tunepilot.resources import runtime_constants
 from tunepilot.results.plan import MemoryPlan, ParamSplit, PerDevice, Phase
 from tunepilot.spec import RunSpec
-
-__all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "per_device_figures", "runtime_constants",
-           "split_params"]
 
 # NF4 (bitsandbytes / QLoRA paper, Dettmers et al. 2023, section 3): 4-bit codes = 0.5 B/param,
 # plus one fp32 absmax per block of 64 weights (4/64 B/param); with double quantization the absmax
@@ -57,15 +54,10 @@ __all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "per_device_figures", "runtim
 NF4_BYTES_PER_PARAM = 0.5
 NF4_ABSMAX_BYTES_PER_PARAM = 4 / 64
 NF4_DQ_ABSMAX_BYTES_PER_PARAM = 1 / 64 + 4 / (64 * 256)
-# FSDP2 keeps the current and the prefetched layer unsharded while resharding after forward.
-FSDP_UNSHARDED_LAYERS = 2
 
+__all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "per_device_figures", "runtime_constants",
+           "split_params"]
 
-@cache
-def runtime_constants() -> dict:
-    import yaml
-
-    return yaml.safe_load(RUNTIME_YAML.read_text())
 
 
 def task_counts(arch: Arch, spec: RunSpec) -> ParamCounts:

@@ -81,7 +81,7 @@ def fp8_terms(spec, arch: Arch, cb: int, tokens: int, shard: int, linear_weights
         largest = max(m.in_features * m.out_features for m in linears)
         t.transient = r.recasts * (tokens * (widest_in + widest_out) + largest)
     if r.all_gather_fp8 and spec.parallel.strategy == "fsdp" and shard > 1:
-        from tunepilot.memory.analytic import FSDP_UNSHARDED_LAYERS
+        from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
 
         per_layer = linear_weights // max(arch.num_layers, 1)
         t.unsharded_delta = -(cb - 1) * FSDP_UNSHARDED_LAYERS * per_layer \

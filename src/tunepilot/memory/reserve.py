@@ -31,7 +31,7 @@ class Reserve:
 
 
 def allocator_constants() -> dict:
-    from tunepilot.memory.analytic import runtime_constants
+    from tunepilot.resources import runtime_constants
 
     return runtime_constants()["allocator"]
 

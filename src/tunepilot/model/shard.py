@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import functools
 
+# FSDP2 keeps the current and the prefetched layer unsharded while resharding after forward.
+FSDP_UNSHARDED_LAYERS = 2
+
 
 def decoder_layers(model) -> list:
     """The model's decoder layers: the classes transformers will not split (_no_split_modules),

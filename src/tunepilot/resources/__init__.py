@@ -2,6 +2,7 @@
 model presets, the demo spec, the tiny text, chat, preference and prompt sets and their
 tokenizers. Code reads them through these paths only."""
 
+from functools import cache
 from pathlib import Path
 
 RESOURCES = Path(__file__).resolve().parent
@@ -19,3 +20,11 @@ TINY_CHAT = TINY_DIR / "chat.jsonl"
 TINY_CHAT_TOKENIZER = TINY_DIR / "chat-tokenizer"
 TINY_PREFERENCE = TINY_DIR / "preference.jsonl"  # read with the chat tokenizer
 TINY_PROMPTS = TINY_DIR / "prompts.jsonl"
+
+
+@cache
+def runtime_constants() -> dict:
+    """runtime.yaml (the runtime context, workspaces, the allocator's reserve), read once."""
+    import yaml
+
+    return yaml.safe_load(RUNTIME_YAML.read_text())
