@@ -188,12 +188,20 @@ def _pick(ctx: QuoteContext, count: int, ddp_ok: bool, fsdp_ok: bool) -> str | N
 
 def _tight_reason(ctx: QuoteContext, card: Card, count: int) -> str:
     row = ctx.fit[card.id]
+    peak = row.device_peak_bytes
+    if count > 1:  # the per-rank peak of the FSDP shards at this count, not one card's whole run
+        from tunepilot.memory.analytic import analytic_plan
+
+        par = dict(ctx.spec.parallel.model_dump(), strategy="fsdp", devices=min(count, 8),
+                   nodes=max(1, count // 8))
+        peak = analytic_plan(ctx.spec.with_changes(parallel=par), ctx.arch,
+                             card.software_stack).per_device.device_peak_bytes
     return (f"tight: the run fits {count} x {card.id} only with less free memory than the "
-            f"{row.headroom_asked:.0%} headroom asked (one card's device peak "
-            f"{fmt_bytes(row.device_peak_bytes)} of {fmt_bytes(row.capacity_bytes)}); a longer "
-            "batch than planned, allocator fragmentation or a library's workspace can run it out "
-            "of memory - a smaller micro_batch_size, activation_checkpointing or more cards give "
-            "room; ranked below runs with room")
+            f"{row.headroom_asked:.0%} headroom asked (a rank's device peak {fmt_bytes(peak)} "
+            f"of {fmt_bytes(row.capacity_bytes)}, projected); a longer batch than planned, "
+            "allocator fragmentation or a library's workspace can run it out of memory - a "
+            "smaller micro_batch_size, activation_checkpointing or more cards give room; ranked "
+            "below runs with room")
 
 
 def does_not_fit_text(ctx: QuoteContext, card: Card, count: int) -> str:
