@@ -96,21 +96,13 @@ def _sweep_stale_dirs(parent: Path) -> None:
     was killed before it could clean up)."""
     import shutil
 
+    from tunepilot.spawn import pid_alive
+
     with contextlib.suppress(OSError):
         for d in parent.glob(f"{CHILD_DIR_PREFIX}*-*"):
             pid = d.name[len(CHILD_DIR_PREFIX):].split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(d, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_result(path: Path) -> dict | None:

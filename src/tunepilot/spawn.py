@@ -63,6 +63,17 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one we may not signal exists too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Spawned:
     """A child process in a session of its own, its descendants tracked, torn down whole."""
 

@@ -103,15 +103,11 @@ def remove_stale_temporaries(path: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
+    from tunepilot.spawn import pid_alive
+
     if pid == os.getpid():
         return False  # our own leftovers are from an earlier, failed save
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _load_sync_file_range():

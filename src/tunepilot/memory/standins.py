@@ -120,18 +120,26 @@ class ScalerStandIn:
         pass
 
 
-def emulate_nf4(model: torch.nn.Module, spec) -> dict[int, list[int]]:
-    """Turn the frozen nn.Linear layers bitsandbytes would quantize (every one but lm_head, unless
-    method.quantize_lm_head; as tunepilot.model.build._build_qlora does) into NF4 stand-ins;
-    id(weight) -> the allocations each stands for."""
-    parts: dict[int, list[int]] = {}
+def quantized_linears(model: torch.nn.Module, spec) -> list[torch.nn.Linear]:
+    """The frozen nn.Linear layers bitsandbytes quantizes: every one but the adapters and (unless
+    method.quantize_lm_head) lm_head, as tunepilot.model.build._build_qlora does."""
+    out = []
     for name, mod in model.named_modules():
         if type(mod) is not torch.nn.Linear or ".lora_" in name:
             continue
         leaf = name.split(".")[-1]
         base = name.split(".")[-2] if leaf == "base_layer" else leaf
-        if base == "lm_head" and not spec.method.quantize_lm_head:
-            continue
+        if base != "lm_head" or spec.method.quantize_lm_head:
+            out.append(mod)
+    return out
+
+
+def emulate_nf4(model: torch.nn.Module, spec) -> dict[int, list[int]]:
+    """Turn the frozen nn.Linear layers bitsandbytes would quantize (every one but lm_head, unless
+    method.quantize_lm_head; as tunepilot.model.build._build_qlora does) into NF4 stand-ins;
+    id(weight) -> the allocations each stands for."""
+    parts: dict[int, list[int]] = {}
+    for mod in quantized_linears(model, spec):
         mod.forward = _nf4_forward.__get__(mod)
         parts[id(mod.weight)] = nf4_parts(mod.weight.numel(), spec.method.double_quant)
     return parts

@@ -40,7 +40,7 @@ import contextlib
 
 import torch
 
-from tunepilot.memory.standins import NF4_BLOCK, NF4_DQ_BLOCK
+from tunepilot.memory.standins import NF4_BLOCK, NF4_DQ_BLOCK, quantized_linears
 
 _STORAGE_DTYPES = {"uint8": torch.uint8, "bf16": torch.bfloat16, "fp16": torch.float16,
                    "fp32": torch.float32}
@@ -204,13 +204,7 @@ def packed_nf4(model, spec) -> int:
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.frozen_base_dtype,
                                                                    torch.bfloat16)
     n = 0
-    for name, mod in model.named_modules():
-        if type(mod) is not torch.nn.Linear or ".lora_" in name:
-            continue
-        leaf = name.split(".")[-1]
-        base = name.split(".")[-2] if leaf == "base_layer" else leaf
-        if base == "lm_head" and not spec.method.quantize_lm_head:
-            continue
+    for mod in quantized_linears(model, spec):
         numel = mod.weight.numel()
         dev = mod.weight.device
         packed = torch.empty(-(-numel // codes_per_element), 1, dtype=storage, device=dev)
