@@ -195,7 +195,8 @@ def step_rows() -> list[dict]:
     x one card's positions per second at the throughput model's MFU, the decode added at the
     card's HBM bandwidth) - the quote's rule (cost/throughput.per_card) without a pilot."""
     from tunepilot.catalog import load_catalog
-    from tunepilot.cost.mfu import _scaling, estimate
+    from tunepilot.cost.assumptions import efficiency_parts
+    from tunepilot.cost.mfu import estimate
     from tunepilot.model.flops import decode_seconds_per_position, flops_per_token, peak_precision
     from tunepilot.objective import global_generation_batch, lengths
 
@@ -204,13 +205,13 @@ def step_rows() -> list[dict]:
         spec, arch = _spec(row)
         card = load_catalog().get(row["card"])
         e = estimate(spec.model.implementation, card.id, spec.method.kind,
-                     spec.activation_checkpointing, spec.torch_compile)
+                     spec.activation_checkpointing, spec.torch_compile, spec.precision)
         per_s = e.mfu * card.peak_flops(peak_precision(spec)) / flops_per_token(arch, spec).train
         decode = decode_seconds_per_position(arch, spec, card.hbm_bandwidth_bytes_per_s)
         per_s = 1 / (1 / per_s + decode)
         n = spec.parallel.world_size
         positions = global_generation_batch(spec) * lengths(spec).sequence
-        projected = positions / (n * _scaling(spec.parallel.strategy, n) * per_s)
+        projected = positions / (n * efficiency_parts(spec.parallel.strategy, n)[0] * per_s)
         gen_share = decode / (1 / per_s)
         out.append({"id": row["id"], "card": card.id, "ranks": n, "mfu": e.mfu,
                     "published_s": row["published_s"], "projected_s": projected,
