@@ -174,15 +174,7 @@ def normalizer(batches: list[Batch], dev: torch.device, spec: RunSpec) -> tuple[
     family (TRL averages the pair losses), useful tokens otherwise (step_token_count)."""
     if not spec.objective.paired:
         return step_token_count(batches, dev)
-    import torch.distributed as dist
-
-    n = torch.tensor(float(sum(b["input_ids"].shape[0] // 2 for b in batches)), device=dev)
-    world = 1
-    if dist.is_available() and dist.is_initialized():
-        world = dist.get_world_size()
-        if world > 1:
-            dist.all_reduce(n)
-    return n.clamp(min=1.0), world
+    return _summed_over_ranks(sum(b["input_ids"].shape[0] // 2 for b in batches), dev)
 
 
 def litgpt_loss(model: torch.nn.Module, batch: Batch, num_items, extra: dict) -> torch.Tensor:
@@ -213,9 +205,14 @@ def step_token_count(batches: list[Batch], dev: torch.device) -> tuple[torch.Ten
     ranks - so 1 rank x 2 accumulation and 2 ranks x 1 compute the same update even when padding
     differs. DDP/FSDP average gradients over ranks, so each rank's loss is scaled by the world.
     """
+    return _summed_over_ranks(sum(useful_tokens(b) for b in batches), dev)
+
+
+def _summed_over_ranks(local: float, dev: torch.device) -> tuple[torch.Tensor, int]:
+    """(this rank's count summed over every rank, at least 1; the world size)."""
     import torch.distributed as dist
 
-    n = torch.tensor(float(sum(useful_tokens(b) for b in batches)), device=dev)
+    n = torch.tensor(float(local), device=dev)
     world = 1
     if dist.is_available() and dist.is_initialized():
         world = dist.get_world_size()
