@@ -143,6 +143,20 @@ def test_the_cpu_pilot_of_an_fp8_spec_runs_bf16_and_says_fp8_is_not_measured(tmp
     assert any("FP8 is NOT measured" in n for n in res.notes)
 
 
+def test_the_restore_proof_of_an_fp8_spec_says_what_its_bf16_stand_in_could_not_check(tmp_path):
+    from tunepilot.fp8 import stand_in_note
+    from tunepilot.restore.proof import verify_restore
+
+    tiny = load_spec(EXAMPLES / "tiny.yaml")
+    res = verify_restore(tiny.with_changes(precision="fp8-te"), 2, 2, tmp_path / "run")
+    assert res.passed and len(res.notes) == 1 and "amax history" in res.notes[0]
+    assert verify_restore(tiny, 2, 2, tmp_path / "bf16").notes == []
+    # the scaling stage says the same of its efficiencies (scaling/runner.py writes it)
+    scale = stand_in_note(tiny.with_changes(precision="fp8-tensorwise"), "scale")
+    assert "upper bound" in scale and "all-gather" in scale
+    assert stand_in_note(tiny, "scale") is None
+
+
 class _Grain(enum.Enum):
     TENSORWISE = "tensorwise"
     AXISWISE = "axiswise"

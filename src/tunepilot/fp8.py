@@ -101,6 +101,29 @@ def pilot_note(spec) -> str:
             "memory")
 
 
+def stand_in_note(spec, stage: str) -> str | None:
+    """What the restore proof or the scaling run of an FP8 spec did instead (None: not FP8).
+    Both run tunepilot's own step, which has no FP8 path: its bf16-mixed stand-in."""
+    if not spec.is_fp8:
+        return None
+    what = {"restore": "the proof's model, optimizer, RNG and data position are those of the "
+                       "bf16-mixed stand-in; "
+                       + ("Transformer Engine's delayed scaling also keeps an amax history "
+                          "and scales in each module's extra_state, which this proof did not "
+                          "save or compare - prove it with your own loop (`tunepilot restore "
+                          "--trainer hf|lightning -- CMD`) on an FP8 card"
+                          if spec.precision == "fp8-te" else
+                          "torchao's dynamic scaling keeps no state of its own, so the same "
+                          "components are what an FP8 run checkpoints"),
+            "scale": "its step times and efficiencies are bf16's; FP8 shortens the compute, "
+                     "not the collectives, so the measured efficiency is an upper bound for "
+                     "the FP8 run" + ("; FP8 all-gathers (fp8-tensorwise under FSDP) halve the "
+                                      "all-gather bytes, which this run did not measure"
+                                      if spec.precision == "fp8-tensorwise" else "")}[stage]
+    return (f"precision {spec.precision}: the {stage} stage ran the bf16-mixed stand-in (FP8 "
+            f"matmuls need FP8 tensor cores and tunepilot's step has no FP8 path): {what}")
+
+
 def cards_for(spec, catalog, card_ids: list[str] | None) -> tuple[list, list[str]]:
     """The cards a plan of the spec fits against: an FP8 spec refuses a named card without FP8
     tensor cores (UserError) and leaves such cards out of the whole catalog, saying so."""

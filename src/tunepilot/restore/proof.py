@@ -21,6 +21,7 @@ from pathlib import Path
 from tunepilot.checkpoint import CheckpointInfo, save_checkpoint
 from tunepilot.child import ChildFailed, run_child
 from tunepilot.errors import UserError
+from tunepilot.fp8 import stand_in_note
 from tunepilot.restore import compare as cmp
 from tunepilot.restore.messages import DeterminismReport, FreshJob, ProcessReport
 from tunepilot.restore.worker import (
@@ -77,6 +78,8 @@ def verify_restore(spec: RunSpec, steps_before: int = DEFAULT_STEPS_BEFORE,
         h.after_save(Path(original.checkpoint))
     say(f"fresh process: load the checkpoint, train the same {steps_after} steps")
     result = verdict(original, run_fresh(original, run.path, hook), hook)
+    if (note := stand_in_note(spec, "restore")) is not None:
+        result = result.model_copy(update={"notes": [*result.notes, note]})
     run.write(result, spec_hash)
     if run.manifest().device is None:  # the pilot writes it; the cost stage reads card_id there
         run.update_manifest(device=info.summary(), spec=spec.model_dump(mode="json"))

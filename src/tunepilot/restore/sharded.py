@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from tunepilot.errors import UserError
+from tunepilot.fp8 import stand_in_note
 from tunepilot.restore.messages import ProcessReport, ShardedJob
 from tunepilot.results.figure import Figure
 from tunepilot.results.restore import (
@@ -77,6 +78,8 @@ def verify_sharded_restore(spec: RunSpec, nproc: int, steps_before: int, steps_a
                log_dir=run.logs_dir() / f"restore-{role}", timeout_s=LAUNCH_TIMEOUT_S, env=env)
         records[role] = _read(out, n)
     result = _verdict(records["original"], records["fresh"], nproc, resume, ckpt, kind)
+    if (note := stand_in_note(spec, "restore")) is not None:
+        result = result.model_copy(update={"notes": [*result.notes, note]})
     run.write(result, spec_hash)
     if run.manifest().device is None:
         run.update_manifest(spec=spec.model_dump(mode="json"))

@@ -80,6 +80,8 @@ class RestoreResult(StageResult):
     tolerance: str | None = None
     hook: str | None = None
     """a test-support hook that altered the run on purpose (tests only)"""
+    notes: list[str] = Field(default_factory=list)
+    """what the proof could not check for this spec (an FP8 run's bf16 stand-in)"""
 
     @model_validator(mode="after")
     def _failed(self) -> RestoreResult:

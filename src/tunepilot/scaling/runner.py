@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tunepilot.child import read_message, write_message
 from tunepilot.errors import TunepilotError, UserError
+from tunepilot.fp8 import stand_in_note
 from tunepilot.results.scale import BatchPlan, ScalingResult, StrategyResult
 from tunepilot.scaling.analysis import compare, notes, recommend, summarize
 from tunepilot.scaling.launch import LaunchError, Rendezvous, launch
@@ -119,7 +120,8 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
         device=pre.node.kind, steps=steps, warmup_steps=warmup_steps, global_batch=batches,
         preflight=pre.result(), baseline=baseline, strategies=results,
         recommendation=recommend(results, baseline, world), warnings=pre.warnings,
-        notes=([batches.note] if batches.note else []) + notes(pre), run_dir=str(run_dir.path),
+        notes=[n for n in (batches.note, stand_in_note(spec, "scale")) if n] + notes(pre),
+        run_dir=str(run_dir.path),
         spec_hash=spec.spec_hash())
     run_dir.write(result)
     return result

@@ -52,6 +52,7 @@ def render_restore(r: RestoreResult, path: str | None = None) -> None:
     if load:
         line += f" ({fmt_rate(b / load, 'B/s')}, verification included)"
     console.print(line + "  (measured)")
+    notes(r.notes)
     if path:
         console.print(f"wrote {path}")
 
