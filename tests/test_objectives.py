@@ -265,3 +265,22 @@ def test_the_fit_search_keeps_num_generations_dividing_the_batch():
     row = plan.card(H200)
     assert row.fits and row.max_micro_batch % 2 == 0  # 8 | micro x 4 accumulation
     assert row.max_sequence_length > 2048
+
+
+def test_a_vllm_servers_cards_are_billed_on_demand_and_on_spot():
+    """A GRPO run with generation on a 2-card vLLM server rents 2 more cards: the on-demand job,
+    the term and the spot term bill count + 2 (the spot term billed the training cards only)."""
+    import math
+
+    from tunepilot.cost import quote
+
+    spec = import_config(CONFIGS / "axolotl-grpo.yml", options=SYNTH).spec
+    q = quote(spec, card_id="h100", count=2, term_s=None)
+    card = load_catalog().get("h100")
+    job_s = sum(t.total.value for t in q.time_terms)
+    billed_s = math.ceil(job_s / card.pricing.billing_increment_s) * \
+        card.pricing.billing_increment_s
+    assert q.term.count == 4 and q.spot.cards == 4
+    for rate, cents in ((card.pricing.spot_usd_per_hour, q.spot.naive_cost_cents),
+                        (card.pricing.on_demand_usd_per_hour, q.spot.on_demand_cost_cents)):
+        assert cents == round(4 * billed_s * rate * 100 / 3600)

@@ -411,7 +411,7 @@ def build_quote(ctx: QuoteContext, card: Card, count: int, term_s: int | None, o
         pricing_as_of=card.pricing.as_of,
         run_dir=ctx.run.source() if ctx.run else None,
         padding=_padding(ctx, terms), host=host,
-        spot=spot_quote(card, count, terms=terms, steps=steps, restart=_restart(ctx, card, terms),
+        spot=spot_quote(card, billed, terms=terms, steps=steps, restart=_restart(ctx, card, terms),
                         rate=node_rate(card, (spot or SpotAsk()).rate),
                         interval_s=(spot or SpotAsk()).interval_s),
         notes=notes + ([host.warning] if host.warning else [])

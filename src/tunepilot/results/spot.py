@@ -33,6 +33,7 @@ class SpotQuote(Model):
     spot_source: str
     on_demand_usd_per_hour: Decimal
     cards: int
+    """the cards billed: the training cards and a vLLM server's, which an interruption stops too"""
     nodes: int
     rate_per_node_hour: Figure
     """interruptions per instance-hour (unit 1/h): the catalog's, the user's, or assumed"""
