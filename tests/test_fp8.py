@@ -196,3 +196,49 @@ def test_the_callbacks_record_torchao_and_transformer_engine_fp8(tmp_path):
     layer.fp8 = True
     assert derive_spec(model, tmp_path / "te1", micro_batch_size=2, accumulation=1,
                        sequence_length=32, bf16=True)[0].precision == "fp8-te"
+
+
+def _import(tmp_path, name: str, text: str):
+    from tunepilot.integrations.importers import ImportOptions, import_config
+
+    path = tmp_path / name
+    path.write_text(text)
+    return import_config(path, options=ImportOptions(synthetic_data=True))
+
+
+AXOLOTL = ("base_model: meta-llama/Llama-3.1-8B\nsequence_len: 4096\nmicro_batch_size: 2\n"
+           "bf16: true\ngradient_checkpointing: true\nadapter: lora\nlora_r: 16\n"
+           "lora_target_linear: true\n")
+LLAMAFACTORY = ("model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct\nstage: sft\n"
+                "finetuning_type: lora\nlora_target: all\ncutoff_len: 2048\n"
+                "per_device_train_batch_size: 2\nbf16: true\n")
+
+
+def test_the_importers_map_fp8_to_the_precision_they_plan(tmp_path):
+    """axolotl `fp8` + `fp8_config.recipe` and LLaMA-Factory `fp8` + `fp8_backend` were
+    ignored: the FP8 run planned and quoted as bf16."""
+    cases = [("a.yml", AXOLOTL, "bf16-mixed"), ("b.yml", AXOLOTL + "fp8: true\n", "fp8-tensorwise"),
+             ("c.yml", AXOLOTL + "fp8: true\nfp8_config:\n  recipe: rowwise\n", "fp8-rowwise"),
+             ("d.yaml", LLAMAFACTORY + "fp8: true\n", "fp8-tensorwise"),
+             ("e.yaml", LLAMAFACTORY + "fp8: true\nfp8_backend: te\n", "fp8-te")]
+    for name, text, precision in cases:
+        r = _import(tmp_path, name, text)
+        assert r.spec.precision == precision, name
+        assert "fp8" not in r.ignored
+        if precision.startswith("fp8"):
+            assert r.mapped["fp8"] == "precision" and r.mapped["bf16"] == "precision"
+    fp8 = _import(tmp_path, "f.yml", AXOLOTL + "fp8: true\n").spec
+    with pytest.raises(UserError, match="FP8"):
+        quote(fp8, card_id="a100", count=1, term_s=None)
+    bf16 = _import(tmp_path, "g.yml", AXOLOTL).spec
+    faster = quote(fp8, card_id="h100", count=1, term_s=None)
+    assert faster.job_s.value < quote(bf16, card_id="h100", count=1, term_s=None).job_s.value
+
+
+def test_an_fp8_recipe_or_backend_tunepilot_does_not_plan_is_refused_by_name(tmp_path):
+    with pytest.raises(UserError) as err:
+        _import(tmp_path, "a.yml", AXOLOTL + "fp8: true\nfp8_config:\n  recipe: mxfp8\n")
+    assert "fp8_config.recipe" in err.value.field
+    with pytest.raises(UserError) as err:
+        _import(tmp_path, "b.yaml", LLAMAFACTORY + "fp8: true\nfp8_backend: msamp\n")
+    assert "fp8_backend" in err.value.field and "MS-AMP" in err.value.message

@@ -18,6 +18,7 @@ from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
     deepspeed_strategy,
+    fp8_precision,
     local_data,
     lora_targets,
     model_source,
@@ -39,7 +40,7 @@ MAPPED = {"base_model", "base_model_config", "adapter", "load_in_4bit", "load_in
           "eval_steps", "evals_per_epoch", "eval_batch_size", "activation_offloading",
           "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant", "rl", "rl_beta",
           "orpo_alpha", "rl_adapter_ref_model", "precompute_ref_log_probs", "max_prompt_len",
-          "trl", "vllm"}
+          "trl", "vllm", "fp8", "fp8_config"}
 NO_EFFECT = {"rpo_alpha", "simpo_gamma", "cpo_alpha", "kto_desirable_weight",
              "kto_undesirable_weight", "dpo_use_weighting", "dpo_label_smoothing",
              "dpo_norm_loss", "dpo_use_logits_to_keep", "use_wandb"}
@@ -64,6 +65,7 @@ KNOWN = MAPPED | NO_EFFECT | {
     "save_strategy", "save_only_model", "dataloader_num_workers", "dataloader_pin_memory",
     "dataloader_prefetch_factor", "remove_unused_columns", "train_on_eos", "roles_to_train",
     "default_system_message", "eot_tokens", "processor_type", "load_in_8bit_optim",
+    "fp8_enable_fsdp_float8_all_gather",
 }
 _TEMPLATES = {"chatml": "chatml", "llama3": "llama-3", "tokenizer_default": "tokenizer"}
 
@@ -294,7 +296,14 @@ def _precision(m: Mapper) -> None:
     fp16 = truthy(m.get("fp16")) or truthy(m.get("float16"))
     m.used.add("tf32")
     full = m.spec.get("method", {}).get("kind") == "full"
-    if bf16:
+    conf = m.get("fp8_config")
+    if fp8_precision(m, recipe_key="fp8_config.recipe",
+                     recipe=conf.get("recipe") if isinstance(conf, dict) else None):
+        m.maps("precision", "bf16", "bfloat16", "fp16", "float16", "fp8_config")
+        if full and bf16:
+            m.note("fp8 on a bf16-loaded full fine-tune: the plan keeps fp32 master weights and "
+                   "optimizer state (an upper bound where axolotl trains the bf16 weights)")
+    elif bf16:
         m.set("precision", "bf16-true" if full else "bf16-mixed", "bf16")
         if full:
             m.note("bf16 full fine-tune: axolotl loads the weights in bf16, so the optimizer "

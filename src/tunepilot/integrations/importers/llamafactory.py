@@ -21,6 +21,7 @@ from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
     deepspeed_strategy,
+    fp8_precision,
     local_data,
     lora_targets,
     model_source,
@@ -39,7 +40,8 @@ MAPPED = {"model_name_or_path", "finetuning_type", "quantization_bit", "lora_ran
           "disable_gradient_checkpointing", "optim", "deepspeed", "dataset", "dataset_dir",
           "template", "train_on_prompt", "packing", "neat_packing", "max_samples", "seed",
           "double_quantization", "stage", "do_train", "quantization_method", "pref_beta",
-          "pref_loss", "ref_model", "reward_model_type", "ppo_epochs", "max_new_tokens"}
+          "pref_loss", "ref_model", "reward_model_type", "ppo_epochs", "max_new_tokens",
+          "fp8", "fp8_backend"}
 NO_EFFECT = {"pref_ftx", "pref_bco_weight", "dpo_label_smoothing", "simpo_gamma",
              "kto_chosen_weight", "kto_rejected_weight", "ld_alpha", "ppo_buffer_size",
              "ppo_score_norm", "ppo_target", "ppo_whiten_rewards", "ppo_logger", "top_p",
@@ -56,6 +58,7 @@ KNOWN = MAPPED | NO_EFFECT | {
     "tokenized_path", "streaming", "mix_strategy", "upcast_layernorm", "upcast_lmhead_output",
     "max_grad_norm", "save_strategy", "load_best_model_at_end", "run_name", "hub_model_id",
     "push_to_hub", "ignore_data_skip", "enable_thinking", "image_max_pixels", "video_max_pixels",
+    "fp8_enable_fsdp_float8_all_gather",
 }
 
 
@@ -89,7 +92,9 @@ def convert(m: Mapper) -> None:
         m.spec["sequence_length"] += o["max_completion_length"]
     optimizer(m, "optim", m.get("optim"))
     scheduler(m, "lr_scheduler_type", m.get("lr_scheduler_type"))
-    if truthy(m.get("pure_bf16")):
+    if fp8_precision(m, backend_key="fp8_backend", backend=m.get("fp8_backend")):
+        m.maps("precision", "pure_bf16", "bf16", "fp16")
+    elif truthy(m.get("pure_bf16")):
         m.set("precision", "bf16-true", "pure_bf16")
     elif truthy(m.get("bf16")):
         m.set("precision", "bf16-mixed", "bf16")
