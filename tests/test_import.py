@@ -71,7 +71,8 @@ def test_the_mapped_fields_of_a_known_config_are_the_right_ones():
     assert s.method.lora_targets == "all-linear"
     assert s.precision == "bf16-mixed"
     assert s.activation_checkpointing == "full"
-    assert "wandb_project" in r.ignored and "sample_packing" in r.ignored
+    assert "wandb_project" in r.ignored and "sample_packing" not in r.ignored
+    assert any(n.startswith("sample_packing") or " sample_packing," in n for n in r.notes)
 
 
 def test_local_chat_data_becomes_the_data_section():
@@ -214,3 +215,37 @@ def test_packing_set_in_the_config_is_listed_as_mapped(tmp_path, name, key):
     r = import_config(p, options=ImportOptions(tokenizer=TOKENIZER))
     assert r.spec.data.packing is True
     assert key in r.mapped and key not in r.defaults
+
+
+def test_save_eval_keep_and_workers_reach_the_spec_in_every_format():
+    """TrainingArguments' save_steps, eval_steps, save_total_limit and dataloader_num_workers,
+    shared by the four formats, were listed as ignored: the quote counted the default number of
+    checkpoint writes and validations, the host plan no dataloader workers."""
+    synth = ImportOptions(synthetic_data=True)
+    lf = import_config(CONFIGS / "llamafactory-llama3-lora-sft.yaml", options=synth)
+    assert lf.spec.checkpoint.every_steps == 500 and lf.spec.data.num_workers == 4
+    assert lf.mapped["save_steps"] == "checkpoint.every_steps"
+    assert {"save_steps", "dataloader_num_workers"}.isdisjoint(lf.ignored)
+    hf = import_config(CONFIGS / "hf-training-args.json", options=synth)
+    assert hf.spec.checkpoint.every_steps == 500 and "save_steps" not in hf.ignored
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, "often", float("inf"), 10**13])
+def test_a_bad_save_steps_is_refused_naming_the_key(tmp_path, value):
+    body = {"model_name_or_path": "meta-llama/Llama-3.1-8B", "output_dir": "out",
+            "save_steps": value, "save_total_limit": 3, "eval_steps": 50}
+    with pytest.raises(UserError) as err:
+        import_config(_write(tmp_path, "args.json", body))
+    assert "save_steps" in err.value.field
+    body["save_steps"] = 0.1  # HF: a fraction of the run's steps
+    r = import_config(_write(tmp_path, "args.json", body))
+    assert r.spec.checkpoint.every_steps == 1000 and any("fraction" in n for n in r.notes)
+    assert r.spec.host.checkpoints_kept == 3 and r.spec.validation.every_steps == 50
+
+
+def test_dataset_keys_under_synthetic_data_are_said_unused_not_ignored():
+    r = import_config(CONFIGS / "axolotl-qlora-chat.yml",
+                      options=ImportOptions(synthetic_data=True))
+    for key in ("sample_packing", "val_set_size", "train_on_inputs", "chat_template"):
+        assert key not in r.ignored
+    assert any("sample_packing" in n and "not read" in n for n in r.notes)

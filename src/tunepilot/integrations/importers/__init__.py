@@ -12,13 +12,14 @@ must be a shipped preset's, a dataset must be local.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tunepilot.errors import UserError
 from tunepilot.integrations.importers import axolotl, llamafactory, trl
-from tunepilot.integrations.importers.common import ImportResult, Mapper, relative_to
+from tunepilot.integrations.importers.common import ImportResult, Mapper, number, relative_to
 
 FORMATS = ("axolotl", "llamafactory", "trl", "hf")
 _YAML_LIMIT_BYTES = 4 << 20
@@ -140,6 +141,9 @@ def _finish(m: Mapper, options: ImportOptions) -> None:
     elif options.devices and options.devices > 1:
         m.spec["parallel"] = {"strategy": "ddp", "devices": options.devices}
         m.note(f"--devices {options.devices}: planned as DDP")
+    _schedule(m)
+    if m.spec.get("data", {}).get("source") in (None, "synthetic"):
+        _data_keys_unused(m)
     steps = m.spec.pop("_max_steps", None)
     m.spec.pop("_epochs", None)
     if steps:
@@ -147,6 +151,62 @@ def _finish(m: Mapper, options: ImportOptions) -> None:
         m.mapped["max_steps"] = "target.steps"
         m.note(f"max_steps {steps}: target.steps {steps} optimizer steps (the quote counts their "
                "useful tokens: steps x tokens per step x the useful share the pilot measures)")
+
+
+# TrainingArguments' names, which axolotl, LLaMA-Factory and TRL configs share: what each sets
+# in the spec (the quote counts checkpoint writes and validation passes; the host plan counts
+# dataloader workers and the checkpoints kept on disk), and its least value
+_SCHEDULE = (("save_steps", "checkpoint.every_steps", 1),
+             ("eval_steps", "validation.every_steps", 1),
+             ("save_total_limit", "host.checkpoints_kept", 1),
+             ("dataloader_num_workers", "data.num_workers", 0))
+
+
+def _schedule(m: Mapper) -> None:
+    """How often the run saves and validates, how many checkpoints it keeps, how many workers
+    load its data - read where the config sets them."""
+    for key, dotted, least in _SCHEDULE:
+        value = m.raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, float) and 0 < value < 1 and key.endswith("_steps"):
+            m.get(key)
+            m.note(f"{key} {value:g} is a fraction of the run's steps: not mapped; "
+                   f"{dotted} keeps its default")
+            continue
+        n = number(m, key, float)
+        if not math.isfinite(n) or n < least or n != int(n) or n > 10**12:
+            m.fail(key, f"is {value!r}: it must be a whole number from {least} to 10^12.")
+        m.set(dotted, int(n), key)
+    for key, steps_key, dotted in (
+            ("save_strategy", "save_steps", "checkpoint.every_steps"),
+            ("eval_strategy", "eval_steps", "validation.every_steps"),
+            ("saves_per_epoch", "save_steps", "checkpoint.every_steps"),
+            ("evals_per_epoch", "eval_steps", "validation.every_steps")):
+        value = m.get(key)
+        per_epoch = key.endswith("_per_epoch") and value is not None
+        if (per_epoch and not m.has(steps_key)) or str(value).lower() in ("no", "epoch"):
+            m.note(f"{key} {value!r}: planned with {dotted} (a pass every so many steps); set "
+                   "it from your run's steps per epoch")
+
+
+# Keys that describe the dataset (how it is split, packed, templated and labelled): they shape
+# the tokens the plan and the quote count when the data is read, and nothing otherwise
+_DATA_KEYS = ("datasets", "dataset", "dataset_name", "dataset_dir", "dataset_prepared_path",
+              "val_set_size", "val_size", "sample_packing", "eval_sample_packing",
+              "pad_to_sequence_len", "packing", "neat_packing", "train_on_inputs",
+              "train_on_prompt", "assistant_only_loss", "completion_only_loss", "chat_template",
+              "template", "max_samples", "dataset_text_field")
+
+
+def _data_keys_unused(m: Mapper) -> None:
+    """With synthetic tokens (``--data synthetic``, or no readable dataset) the dataset's keys
+    are said to be unused for that reason, not listed as ignored by the model."""
+    keys = [k for k in _DATA_KEYS if m.has(k) and k not in m.used]
+    if keys:
+        m.used.update(keys)
+        m.note(f"{', '.join(keys)}: describe the dataset, which is not read (synthetic tokens, "
+               "every position trained, no padding); import with the data to plan them")
 
 
 def write_spec(result: ImportResult, out: Path) -> None:
