@@ -297,8 +297,8 @@ def _precision(m: Mapper) -> None:
     m.used.add("tf32")
     full = m.spec.get("method", {}).get("kind") == "full"
     conf = m.get("fp8_config")
-    if fp8_precision(m, recipe_key="fp8_config.recipe",
-                     recipe=conf.get("recipe") if isinstance(conf, dict) else None):
+    if fp8_precision(m, "fp8_config.recipe", conf.get("recipe") if isinstance(conf, dict)
+                     else None, "tensorwise"):
         m.maps("precision", "bf16", "bfloat16", "fp16", "float16", "fp8_config")
         if full and bf16:
             m.note("fp8 on a bf16-loaded full fine-tune: the plan keeps fp32 master weights and "

@@ -319,37 +319,29 @@ def relative_to(path: str, base: Path, out_dir: Path) -> str:
 # (torchao Float8Linear; axolotl docs/mixed_precision.qmd), LLaMA-Factory `fp8` + `fp8_backend`
 # (hparams/training_args.py Fp8Arguments: auto | torchao | te | msamp; auto and torchao build
 # torchao's default recipe, tensorwise)
-_FP8_RECIPES = {"tensorwise": "fp8-tensorwise", "rowwise": "fp8-rowwise",
-                "rowwise_with_gw_hp": "fp8-rowwise"}
-_FP8_BACKENDS = {"auto": "fp8-tensorwise", "torchao": "fp8-tensorwise", "te": "fp8-te"}
+_FP8_NAMES = {"tensorwise": "fp8-tensorwise", "rowwise": "fp8-rowwise",
+              "rowwise_with_gw_hp": "fp8-rowwise", "auto": "fp8-tensorwise",
+              "torchao": "fp8-tensorwise", "te": "fp8-te"}
 
 
-def fp8_precision(m: Mapper, *, recipe_key: str | None = None, recipe: Any = None,
-                  backend_key: str | None = None, backend: Any = None) -> bool:
-    """Map ``fp8: true`` and its recipe or backend to ``precision`` (True when it did). FP8 here
-    is FP8 matmuls on top of bf16 mixed precision: fp32 master weights and optimizer state."""
+def fp8_precision(m: Mapper, key: str, name: Any, default: str) -> bool:
+    """Map ``fp8: true`` and the recipe or backend its config names at ``key`` (``default``
+    when unset) to ``precision``; True when it did. FP8 here is FP8 matmuls on top of bf16
+    mixed precision: fp32 master weights and optimizer state."""
     if not truthy(m.get("fp8")):
         return False
-    if backend_key is not None:
-        name = str(backend or "auto").lower()
-        precision = _FP8_BACKENDS.get(name)
-        if precision is None:
-            m.fail(backend_key, f"{name!r}: tunepilot plans FP8 with torchao's Float8Linear "
-                   "(tensorwise, rowwise) or Transformer Engine; MS-AMP's FP8 optimizer state "
-                   "and weights are not modelled.", "Set fp8_backend: torchao or te, or set "
-                   "precision: fp8-tensorwise | fp8-rowwise | fp8-te in the imported spec.")
-        key = backend_key
-    else:
-        name = str(recipe or "tensorwise").lower()
-        precision = _FP8_RECIPES.get(name)
-        if precision is None:
-            m.fail(recipe_key, f"{name!r} is not a torchao Float8 recipe tunepilot plans.",
-                   f"Use one of {', '.join(_FP8_RECIPES)}.")
-        key = recipe_key
-        if name == "rowwise_with_gw_hp":
-            m.note("fp8 recipe rowwise_with_gw_hp (the weight gradient in high precision) is "
-                   "planned as rowwise")
-    m.set("precision", precision, "fp8", *([key] if key else []))
+    name = str(name or default).lower()
+    precision = _FP8_NAMES.get(name)
+    if precision is None:
+        m.fail(key, f"{name!r}: tunepilot plans FP8 as torchao's Float8Linear (tensorwise, "
+               "rowwise) or Transformer Engine (te); other recipes and MS-AMP's FP8 optimizer "
+               "state and weights are not modelled.", "Use one of "
+               f"{', '.join(_FP8_NAMES)}, or set precision: fp8-tensorwise | fp8-rowwise | "
+               "fp8-te in the imported spec.")
+    if name == "rowwise_with_gw_hp":
+        m.note("fp8 recipe rowwise_with_gw_hp (the weight gradient in high precision) is "
+               "planned as rowwise")
+    m.set("precision", precision, "fp8", key)
     m.no_effect("fp8_enable_fsdp_float8_all_gather")
     gather = truthy(m.get("fp8_enable_fsdp_float8_all_gather"))
     if precision != "fp8-tensorwise" and gather:

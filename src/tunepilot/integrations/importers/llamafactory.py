@@ -92,7 +92,7 @@ def convert(m: Mapper) -> None:
         m.spec["sequence_length"] += o["max_completion_length"]
     optimizer(m, "optim", m.get("optim"))
     scheduler(m, "lr_scheduler_type", m.get("lr_scheduler_type"))
-    if fp8_precision(m, backend_key="fp8_backend", backend=m.get("fp8_backend")):
+    if fp8_precision(m, "fp8_backend", m.get("fp8_backend"), "auto"):
         m.maps("precision", "pure_bf16", "bf16", "fp16")
     elif truthy(m.get("pure_bf16")):
         m.set("precision", "bf16-true", "pure_bf16")
