@@ -108,9 +108,9 @@ def plan_kernel_rows() -> list[dict]:
     """Every row planned (analytic), with the plan's figure and its error against the
     published one (positive: the plan needs more than was measured / fits less)."""
     from tunepilot.catalog import load_catalog
-    from tunepilot.memory.analytic import analytic_plan
-    from tunepilot.memory.fit import fit_card
     from tunepilot.model.arch import resolve_arch
+    from tunepilot.plan.analytic.core import analytic_plan
+    from tunepilot.plan.fit import fit_card
     from tunepilot.spec import spec_from_dict
 
     catalog = load_catalog()

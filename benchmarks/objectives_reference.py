@@ -133,8 +133,8 @@ def _spec(row: dict):
 def _component(row: dict) -> int:
     """The loss head alone as the plan counts it: lm_head (4096 x 128256, bf16) and its
     gradient, the hidden states and theirs, the log-prob terms at bf16 (activations.py)."""
-    from tunepilot.memory.activations import logprob_bytes
     from tunepilot.model.arch import Arch, load_preset
+    from tunepilot.plan.analytic.activations import logprob_bytes
     from tunepilot.spec import spec_from_dict
 
     arch = Arch.from_config(load_preset("llama-3-8b"))
@@ -155,7 +155,7 @@ def _component(row: dict) -> int:
 
 
 def memory_rows() -> list[dict]:
-    from tunepilot.memory.analytic import analytic_plan
+    from tunepilot.plan.analytic.core import analytic_plan
 
     out = []
     for row in MEMORY_ROWS:
@@ -175,8 +175,8 @@ def memory_rows() -> list[dict]:
 
 def fit_rows() -> list[dict]:
     from tunepilot.catalog import load_catalog
-    from tunepilot.memory.analytic import analytic_plan
-    from tunepilot.memory.fit import fit_card
+    from tunepilot.plan.analytic.core import analytic_plan
+    from tunepilot.plan.fit import fit_card
 
     out = []
     for row in FIT_ROWS:
@@ -198,7 +198,7 @@ def step_rows() -> list[dict]:
     from tunepilot.cost.assumptions import efficiency_parts
     from tunepilot.cost.mfu import estimate
     from tunepilot.model.flops import decode_seconds_per_position, flops_per_token, peak_precision
-    from tunepilot.objective import global_generation_batch, lengths
+    from tunepilot.spec.objective import global_generation_batch, lengths
 
     out = []
     for row in STEP_ROWS:

@@ -27,9 +27,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from tunepilot.memory.analytic import analytic_plan, runtime_constants
-from tunepilot.memory.reserve import reserved_on_card
 from tunepilot.model.arch import Arch
+from tunepilot.plan.analytic.core import analytic_plan, runtime_constants
+from tunepilot.plan.reserve.core import reserved_on_card
 from tunepilot.spec import spec_from_dict
 
 HERE = Path(__file__).resolve().parent
@@ -217,7 +217,7 @@ def plan_row(model: str, fields: dict):
 
 def on_card(row_id: str, key: str, figures: dict) -> int:
     """The planned figure `key`; a reserved peak on a card it would fill is capped at what the
-    card leaves the allocator (memory/reserve.py reserved_on_card)."""
+    card leaves the allocator (plan/reserve/core.py reserved_on_card)."""
     got = figures[key]
     if key == "reserved_peak_bytes" and row_id in CARD_BYTES:
         usable = CARD_BYTES[row_id] - runtime_constants()["stacks"]["cuda"]["context_bytes"]
@@ -228,7 +228,7 @@ def on_card(row_id: str, key: str, figures: dict) -> int:
 def plan_rows(rows: list[dict], trace: bool) -> list[dict]:
     traced_peak = None
     if trace:
-        from tunepilot.memory.trace import traced_peak_for_benchmark as traced_peak
+        from tunepilot.plan.trace.core import traced_peak_for_benchmark as traced_peak
     out = []
     for row in rows:
         if row["id"] not in ROWS:

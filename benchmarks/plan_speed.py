@@ -54,7 +54,7 @@ def cli_cpu_seconds(runs: int = 3, *, cold: bool = False,
 
 def in_process_ms(repeats: int = 7) -> tuple[list[float], int]:
     from tunepilot.catalog import load_catalog
-    from tunepilot.memory.plan import make_plan
+    from tunepilot.plan.api import make_plan
     from tunepilot.spec import spec_from_dict
 
     spec = spec_from_dict(SPEC)

@@ -15,8 +15,8 @@ import os
 import sys
 import time
 
-from tunepilot.memory.trace import trace_in_child
 from tunepilot.model.arch import resolve_model_config
+from tunepilot.plan.trace.core import trace_in_child
 from tunepilot.spec import spec_from_dict
 
 CASES = [

@@ -4,7 +4,7 @@ For each spec it prints, for step 2 (the peak the plan reports):
   traced            the fake-CPU-tensor trace (tunepilot plan --trace), allocated peak
   tracker on CUDA   the same step on real CUDA tensors under the same tracker (what dispatch sees)
   max_allocated     torch.cuda.max_memory_allocated over that step (the caching allocator)
-  train_step        max_memory_allocated of step 2 of tunepilot.training.train_step (the pilot's)
+  train_step        max_memory_allocated of step 2 of tunepilot.training.step.train_step (the pilot's)
   reserved          traced reserved (allocated + the plan's slack) vs max_memory_reserved
   NVML              traced device peak vs the NVML peak of used memory over the run, less the
                     reading before this process touched the GPU
@@ -85,10 +85,10 @@ class NvmlPeak:
 
 
 def pilot_step_peak(spec, device: str) -> dict:
-    """Step 2 of tunepilot.training.train_step on `device`: the caching allocator's peaks."""
+    """Step 2 of tunepilot.training.step.train_step on `device`: the caching allocator's peaks."""
     import torch
 
-    from tunepilot.training import build_run, train_step
+    from tunepilot.training.step import build_run, train_step
 
     state = build_run(spec, device, total_steps=2, data=False).state
     model = state.model
@@ -115,10 +115,10 @@ def pilot_step_peak(spec, device: str) -> dict:
 def check(name: str, fields: dict, device: str, nvml_base: int | None) -> dict:
     import torch
 
-    from tunepilot.memory.analytic import analytic_plan
-    from tunepilot.memory.trace import trace_in_child, traced_plan_from
-    from tunepilot.memory.trace_step import trace_step
     from tunepilot.model.arch import Arch, resolve_model_config
+    from tunepilot.plan.analytic.core import analytic_plan
+    from tunepilot.plan.trace.core import trace_in_child, traced_plan_from
+    from tunepilot.plan.trace.step import trace_step
     from tunepilot.spec import spec_from_dict
 
     spec = spec_from_dict(fields)

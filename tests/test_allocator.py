@@ -1,4 +1,4 @@
-"""The caching allocator replay (memory/allocator.py) and the reserve model (memory/reserve.py).
+"""The caching allocator replay (plan/reserve/allocator.py) and the reserve model (plan/reserve/core.py).
 
 The replay follows c10/cuda/CUDACachingAllocator.cpp's rules; these tests check each rule on a
 hand-made allocation log, then the model's arithmetic. No torch needed.
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from tunepilot.memory.allocator import (
+from tunepilot.plan.reserve.allocator import (
     LARGE_BUFFER_BYTES,
     SMALL_BUFFER_BYTES,
     replay,
     round_size,
     segment_size,
 )
-from tunepilot.memory.reserve import reserve, varied_shapes
+from tunepilot.plan.reserve.core import reserve, varied_shapes
 from tunepilot.spec import spec_from_dict
 
 MIB = 1 << 20

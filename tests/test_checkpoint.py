@@ -310,7 +310,7 @@ CHILD = textwrap.dedent("""
     from tunepilot.checkpoint import save_checkpoint
     from tunepilot.dataset import DataStream, build_dataset, make_loader
     from tunepilot.spec import load_spec
-    from tunepilot.training import TrainState
+    from tunepilot.training.step import TrainState
 
     spec = load_spec(sys.argv[1])
     # ~50 MB of state (4M weights + 2 AdamW moments), so a save takes long enough to be hit
@@ -361,7 +361,7 @@ def test_sigkill_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(4)])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     from tunepilot.dataset import DataStream, build_dataset, make_loader
-    from tunepilot.training import TrainState
+    from tunepilot.training.step import TrainState
 
     ds, info = build_dataset(TINY, 512)
     state = TrainState(model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))

@@ -395,7 +395,7 @@ def test_an_hourly_option_line_says_what_it_charges():
 def test_every_shipped_example_fits_the_count_it_names_on_some_card():
     from pathlib import Path
 
-    from tunepilot.memory.plan import make_plan
+    from tunepilot.plan.api import make_plan
     from tunepilot.spec import load_spec
 
     for path in sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml")):

@@ -21,7 +21,7 @@ from tunepilot.results.figure import Figure
 from tunepilot.results.pilot import PilotResult, Throughput
 from tunepilot.spec import load_spec
 from tunepilot.store import RunDir
-from tunepilot.training import TrainState
+from tunepilot.training.step import TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = load_spec(ROOT / "examples" / "tiny.yaml")

@@ -12,8 +12,8 @@ import torch
 
 from tunepilot.cost import compare, quote
 from tunepilot.errors import SpecError, UserError
-from tunepilot.memory.analytic import analytic_plan
 from tunepilot.model.arch import Arch, linear_modules, load_preset, resolve_arch
+from tunepilot.plan.analytic.core import analytic_plan
 from tunepilot.spec import load_spec, spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def test_fp8_plans_quotes_and_compares_on_h100_h200_mi300x_with_the_time_it_save
 
 
 def test_a100_refuses_fp8_with_the_reason_and_exit_2(tmp_path, capsys):
-    from tunepilot.memory.plan import make_plan
+    from tunepilot.plan.api import make_plan
 
     fp8 = LORA_8B.with_changes(precision="fp8-te")
     with pytest.raises(UserError, match="no FP8 tensor cores"):
@@ -118,7 +118,7 @@ def test_a100_refuses_fp8_with_the_reason_and_exit_2(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_trace_runs_bf16_and_models_fp8_on_top():
-    from tunepilot.memory.trace import make_traced_plan
+    from tunepilot.plan.trace.core import make_traced_plan
 
     spec = load_spec(EXAMPLES / "tiny.yaml").with_changes(precision="fp8-tensorwise")
     plan = make_traced_plan(spec, card_ids=["h100"])
@@ -144,8 +144,8 @@ def test_the_cpu_pilot_of_an_fp8_spec_runs_bf16_and_says_fp8_is_not_measured(tmp
 
 
 def test_the_restore_proof_of_an_fp8_spec_says_what_its_bf16_stand_in_could_not_check(tmp_path):
-    from tunepilot.fp8 import stand_in_note
     from tunepilot.restore.proof import verify_restore
+    from tunepilot.spec.fp8 import stand_in_note
 
     tiny = load_spec(EXAMPLES / "tiny.yaml")
     res = verify_restore(tiny.with_changes(precision="fp8-te"), 2, 2, tmp_path / "run")

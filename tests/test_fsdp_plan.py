@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tunepilot.errors import SpecError
-from tunepilot.memory.activations import logits_bytes
-from tunepilot.memory.analytic import analytic_plan
 from tunepilot.model.arch import Arch, load_preset
+from tunepilot.plan.analytic.activations import logits_bytes
+from tunepilot.plan.analytic.core import analytic_plan
 from tunepilot.spec import spec_from_dict
 
 BASE = {"model": {"preset": "llama-2-7b"}, "method": {"kind": "qlora"},
@@ -57,7 +57,7 @@ def test_litgpt_keeps_every_chunk_of_its_loss_and_tunepilots_chunked_loss_does_n
 def test_litgpt_loss_is_what_the_step_runs_and_matches_plain_cross_entropy():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from tunepilot.training import build_run, compute_loss
+    from tunepilot.training.step import build_run, compute_loss
 
     lit = spec_from_dict({"model": {"preset": "tiny", "implementation": "litgpt"},
                           "method": {"kind": "full"}, "precision": "fp32",
@@ -75,8 +75,8 @@ def test_a_trace_leaves_no_process_group_behind():
     pytest.importorskip("transformers")
     import torch.distributed as dist
 
-    from tunepilot.memory.trace_step import trace_step
     from tunepilot.model.arch import resolve_model_config
+    from tunepilot.plan.trace.step import trace_step
 
     s = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
                         "sequence_length": 64, "micro_batch_size": 2, "parallel": FSDP})
@@ -87,10 +87,11 @@ def test_a_trace_leaves_no_process_group_behind():
 def test_fsdp1_init_is_replayed_unit_by_unit_before_the_step():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from tunepilot.memory import trace_step as ts
-    from tunepilot.memory.standins import unpacked_sequences
-    from tunepilot.memory.trace_fsdp import fsdp1_init_events, release_fake_process_group
+    from tunepilot.plan.trace import step as ts
+
     from tunepilot.model.arch import resolve_model_config
+    from tunepilot.plan.trace.fsdp import fsdp1_init_events, release_fake_process_group
+    from tunepilot.plan.trace.standins import unpacked_sequences
 
     s = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "lora"},
                         "precision": "bf16-true", "sequence_length": 128,

@@ -1,4 +1,4 @@
-"""The host plan per node (memory/host.py) beside the device plan, the offers' host facts in the
+"""The host plan per node (plan/host.py) beside the device plan, the offers' host facts in the
 catalog, and the quote/compare refusing an offer by host RAM with the binding resource named.
 
 The catalogs written here are FIXTURES (an offer with too little host RAM, one with none); the
@@ -18,10 +18,10 @@ from tunepilot.catalog import load_catalog
 from tunepilot.catalog.skypilot import import_vms_csv
 from tunepilot.cost import compare, quote
 from tunepilot.errors import UserError
-from tunepilot.memory.analytic import state_bytes
-from tunepilot.memory.host import Layout, host_plan
-from tunepilot.memory.plan import make_plan
 from tunepilot.model.arch import resolve_arch
+from tunepilot.plan.analytic.core import state_bytes
+from tunepilot.plan.api import make_plan
+from tunepilot.plan.host import Layout, host_plan
 from tunepilot.scaling.analysis import host_per_node
 from tunepilot.scaling.messages import RankRecord
 from tunepilot.spec import load_spec

@@ -14,7 +14,7 @@ import yaml
 from tunepilot.errors import UserError
 from tunepilot.integrations.importers import ImportOptions, detect, import_config, read_config
 from tunepilot.integrations.importers.common import DataUnavailable
-from tunepilot.memory.plan import make_plan
+from tunepilot.plan.api import make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "fixtures" / "configs"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tunepilot.integrations.importers import ImportOptions, import_config, read_config
-from tunepilot.memory.plan import make_plan
+from tunepilot.plan.api import make_plan
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 KERNEL_KEYS = {

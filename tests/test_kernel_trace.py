@@ -10,11 +10,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from tunepilot.memory import kernel_standins as ks  # noqa: E402
-from tunepilot.memory.analytic import analytic_plan  # noqa: E402
-from tunepilot.memory.trace import make_traced_plan  # noqa: E402
-from tunepilot.memory.trace_step import trace_step  # noqa: E402
 from tunepilot.model.arch import resolve_arch, resolve_model_config  # noqa: E402
+from tunepilot.plan.analytic.core import analytic_plan  # noqa: E402
+from tunepilot.plan.trace import kernel_standins as ks  # noqa: E402
+from tunepilot.plan.trace.core import make_traced_plan  # noqa: E402
+from tunepilot.plan.trace.step import trace_step  # noqa: E402
 from tunepilot.spec import spec_from_dict  # noqa: E402
 
 TINY = {"model": {"preset": "tiny"}, "sequence_length": 128, "micro_batch_size": 4,

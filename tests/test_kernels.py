@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from tunepilot.errors import SpecError
-from tunepilot.memory import variants
-from tunepilot.memory.analytic import analytic_plan
 from tunepilot.model.arch import resolve_arch
+from tunepilot.plan.analytic import variants
+from tunepilot.plan.analytic.core import analytic_plan
 from tunepilot.spec import spec_from_dict
 
 GIB = 2**30

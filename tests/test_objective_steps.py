@@ -12,12 +12,12 @@ import torch
 
 from tunepilot.dataset import build_dataset, collate, longest_batch, useful_tokens
 from tunepilot.errors import UserError
-from tunepilot.memory.analytic import analytic_plan, workspace_bytes
-from tunepilot.memory.trace_step import trace_step
 from tunepilot.model.arch import Arch, resolve_model_config
 from tunepilot.pilot.runner import PilotOptions, run_pilot
+from tunepilot.plan.analytic.core import analytic_plan, workspace_bytes
+from tunepilot.plan.trace.step import trace_step
 from tunepilot.spec import spec_from_dict
-from tunepilot.training import build_run, train_step
+from tunepilot.training.step import build_run, train_step
 
 DPO = {"model": {"preset": "tiny"}, "method": {"kind": "lora"}, "precision": "fp32",
        "sequence_length": 256, "micro_batch_size": 4, "gradient_accumulation_steps": 2,

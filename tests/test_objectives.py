@@ -1,4 +1,4 @@
-"""What the run trains (objective.py): the DPO family's and GRPO's plan (phases, the reference,
+"""What the run trains (spec/objective.py): the DPO family's and GRPO's plan (phases, the reference,
 generation, vLLM's reserve per card), the importers' objective keys, bad input, the useful unit
 and the time model. The tiny pilots and the trace of these steps are in test_objective_steps."""
 
@@ -13,11 +13,11 @@ from tunepilot.catalog import load_catalog
 from tunepilot.cli import main
 from tunepilot.errors import SpecError, UserError
 from tunepilot.integrations.importers import ImportOptions, import_config
-from tunepilot.memory.plan import make_plan
 from tunepilot.model.arch import resolve_arch
 from tunepilot.model.flops import decode_seconds_per_position, flops_per_token
-from tunepilot.objective import lengths, useful_unit
+from tunepilot.plan.api import make_plan
 from tunepilot.spec import spec_from_dict
+from tunepilot.spec.objective import lengths, useful_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "fixtures" / "configs"

@@ -10,11 +10,11 @@ import pytest
 
 from tunepilot.catalog import load_catalog
 from tunepilot.cost import quote
-from tunepilot.memory.plan import make_plan
 from tunepilot.model.arch import Arch, load_preset
 from tunepilot.model.flops import checkpoint_bytes, mfu, peak_precision, positions_per_s_at
 from tunepilot.pilot.assemble import pilot_result
 from tunepilot.pilot.measurements import Measurements, StepRecord
+from tunepilot.plan.api import make_plan
 from tunepilot.results.figure import Figure
 from tunepilot.results.pilot import DeviceBlock, PilotResult, Throughput
 from tunepilot.scaling.runner import plan_batches

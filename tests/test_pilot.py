@@ -13,9 +13,9 @@ import pytest
 from tunepilot.cli import main
 from tunepilot.dataset import TINY_DIR
 from tunepilot.errors import UserError
-from tunepilot.memory.calibration import load_calibration, make_calibrated_plan
-from tunepilot.memory.plan import make_plan
 from tunepilot.pilot.runner import PilotOptions, run_pilot
+from tunepilot.plan.api import make_plan
+from tunepilot.plan.calibrate import load_calibration, make_calibrated_plan
 from tunepilot.spec import load_spec, spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent

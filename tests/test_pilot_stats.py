@@ -10,7 +10,6 @@ import torch
 
 from tunepilot.device import MemorySampler, card_id_for_device_name
 from tunepilot.errors import UserError
-from tunepilot.memory.tracker import StorageTracker, tensor_bytes
 from tunepilot.pilot.provenance import git_state, relevant_env
 from tunepilot.pilot.stats import (
     StopRule,
@@ -20,7 +19,8 @@ from tunepilot.pilot.stats import (
     summarize,
     t975,
 )
-from tunepilot.search import largest_passing
+from tunepilot.plan.search import largest_passing
+from tunepilot.plan.trace.tracker import StorageTracker, tensor_bytes
 from tunepilot.units import parse_bytes
 
 # --- statistics ------------------------------------------------------------------------------

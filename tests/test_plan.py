@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tunepilot.catalog import load_catalog
-from tunepilot.memory.analytic import CHUNKED_LOSS_TOKENS, analytic_plan, workspace_bytes
-from tunepilot.memory.plan import make_plan
 from tunepilot.model.arch import Arch, load_preset, param_counts
+from tunepilot.plan.analytic.core import CHUNKED_LOSS_TOKENS, analytic_plan, workspace_bytes
+from tunepilot.plan.api import make_plan
 from tunepilot.spec import spec_from_dict
 
 GIB = 2**30
@@ -200,7 +200,7 @@ def test_plan_does_not_import_torch_and_json_has_the_contract_keys(tmp_path):
     for k in ("card", "capacity_bytes", "fits", "headroom_fraction", "devices_needed",
               "max_micro_batch", "max_sequence_length"):
         assert k in row
-    probe = subprocess.run([sys.executable, "-c", "import sys; from tunepilot.memory.plan import "
+    probe = subprocess.run([sys.executable, "-c", "import sys; from tunepilot.plan.api import "
                             "make_plan; from tunepilot.spec import load_spec; "
                             "make_plan(load_spec('examples/llama3-8b-lora.yaml')); "
                             "print('torch' in sys.modules)"], capture_output=True, text=True)

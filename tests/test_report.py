@@ -49,7 +49,7 @@ def test_histogram_marker_labels_stay_inside_and_off_the_bars(values):
 
 
 def test_a_small_models_memory_shows_its_training_state_not_only_the_runtime():
-    from tunepilot.memory.plan import make_plan
+    from tunepilot.plan.api import make_plan
     from tunepilot.report.html import _memory
     from tunepilot.spec import load_spec
 

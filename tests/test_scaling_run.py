@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tunepilot.child import HOOK_ENV
+from tunepilot.proc.child import HOOK_ENV
 from tunepilot.scaling import bench
 from tunepilot.scaling.launch import TEARDOWN_GRACE_S, LaunchError, launch
 from tunepilot.scaling.runner import scale

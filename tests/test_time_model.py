@@ -23,7 +23,7 @@ from tunepilot.cost.calibration import (
     setting_of_run,
 )
 from tunepilot.cost.runs import published_runs
-from tunepilot.memory.plan import make_plan
+from tunepilot.plan.api import make_plan
 from tunepilot.spec import load_spec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

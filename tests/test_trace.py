@@ -16,13 +16,13 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from tunepilot.catalog import load_catalog  # noqa: E402
-from tunepilot.child import HOOK_ENV  # noqa: E402
-from tunepilot.memory.analytic import analytic_plan, workspace_bytes  # noqa: E402
-from tunepilot.memory.standins import CudaAutocastRules, nf4_parts  # noqa: E402
-from tunepilot.memory.trace import make_traced_plan, traced_plan_from  # noqa: E402
-from tunepilot.memory.trace_step import trace_step  # noqa: E402
-from tunepilot.memory.tracker import CUDA_BLOCK_BYTES, StorageTracker, round_block  # noqa: E402
 from tunepilot.model.arch import resolve_arch, resolve_model_config  # noqa: E402
+from tunepilot.plan.analytic.core import analytic_plan, workspace_bytes  # noqa: E402
+from tunepilot.plan.trace.core import make_traced_plan, traced_plan_from  # noqa: E402
+from tunepilot.plan.trace.standins import CudaAutocastRules, nf4_parts  # noqa: E402
+from tunepilot.plan.trace.step import trace_step  # noqa: E402
+from tunepilot.plan.trace.tracker import CUDA_BLOCK_BYTES, StorageTracker, round_block  # noqa: E402
+from tunepilot.proc.child import HOOK_ENV  # noqa: E402
 from tunepilot.spec import spec_from_dict  # noqa: E402
 
 TINY = {"model": {"preset": "tiny"}, "sequence_length": 128, "micro_batch_size": 4,
@@ -204,7 +204,7 @@ def test_fsdp_qlora_shards_the_packed_storage_and_keeps_absmax_whole():
 
 
 def test_a_single_device_trace_cannot_plan_an_fsdp_rank():
-    from tunepilot.memory.trace import TraceFailed
+    from tunepilot.plan.trace.core import TraceFailed
 
     base = tiny(method={"kind": "full"})
     with pytest.raises(TraceFailed, match="shards over 4 ranks"):

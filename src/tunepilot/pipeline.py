@@ -126,8 +126,8 @@ def _gate_data(c: Ctx, p: DataProfile) -> Gate:
 
 
 def _run_plan(c: Ctx) -> MemoryPlan:
-    from tunepilot.memory.plan import make_plan
-    from tunepilot.memory.trace import make_traced_plan
+    from tunepilot.plan.api import make_plan
+    from tunepilot.plan.trace.core import make_traced_plan
 
     if c.options.trace:
         c.say("plan: tracing the training step on fake tensors (falls back to analytic)")

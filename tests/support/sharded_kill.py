@@ -42,7 +42,7 @@ def worker(work: Path) -> None:
     from tunepilot.checkpoint import save_checkpoint
     from tunepilot.restore.worker import train
     from tunepilot.scaling.worker import init_group, wrap
-    from tunepilot.training import build_run
+    from tunepilot.training.step import build_run
 
     rank, _, device = init_group("cpu", 1)
     (work / f"pid.rank{rank}").write_text(str(os.getpid()))

@@ -9,7 +9,7 @@ replaces the shipped catalog entirely.
 
 Each offer may say what machine it rents (``pricing.host``: host RAM, vCPUs, local disk of the
 instance) and how often its spot capacity is reclaimed (``spot_interruptions_per_hour``, with
-its source): the host plan (memory/host.py) and the spot quote (cost/spot.py) read them.
+its source): the host plan (plan/host.py) and the spot quote (cost/spot.py) read them.
 
 Money and percentages are ``Decimal``, read from quoted strings ("2.49"); a YAML float is refused
 because it cannot hold cents exactly. Pure Python (pyyaml + pydantic): no heavy imports here.

@@ -36,7 +36,7 @@ from tunepilot.checkpoint.state import (
 if TYPE_CHECKING:
     from tunepilot.dataset import DataStream
     from tunepilot.spec import RunSpec
-    from tunepilot.training import TrainState
+    from tunepilot.training.step import TrainState
 
 _EXECUTOR = ThreadPoolExecutor(1, thread_name_prefix="tunepilot-ckpt")
 _STAGING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> staged copies

@@ -103,7 +103,7 @@ def remove_stale_temporaries(path: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
-    from tunepilot.spawn import pid_alive
+    from tunepilot.proc.spawn import pid_alive
 
     if pid == os.getpid():
         return False  # our own leftovers are from an earlier, failed save

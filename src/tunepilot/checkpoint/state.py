@@ -75,7 +75,7 @@ from tunepilot.checkpoint.verify import (
 if TYPE_CHECKING:
     from tunepilot.dataset import DataStream
     from tunepilot.spec import RunSpec
-    from tunepilot.training import TrainState
+    from tunepilot.training.step import TrainState
 
 RAW, TORCH_SAVE = "raw", "torch_save"  # how DCP stores tensors: see checkpoint/dcp.py
 STAGE_MAX_FILE_BYTES = 4 << 20

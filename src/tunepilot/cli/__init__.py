@@ -57,7 +57,7 @@ def console_main() -> None:
 def main(*, hard_exit: bool = False) -> None:
     """Run the command line: user errors exit 2 with one paragraph, never a traceback. Usage
     errors (unknown option, missing argument) are click's: exit 2 with the usage line."""
-    from tunepilot.child import Terminated, raise_on_terminate
+    from tunepilot.proc.child import Terminated, raise_on_terminate
 
     # tunepilot never downloads: models come from shipped configs, data and tokenizers from disk
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -27,7 +27,7 @@ def plan(
     ] = False,
     calibrate: Annotated[
         Path | None, typer.Option("--calibrate", help="A pilot's run directory: apply the "
-                                  "residuals it measured to this plan (memory/calibration.py).")
+                                  "residuals it measured to this plan (plan/calibrate.py).")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -36,7 +36,7 @@ def plan(
     Example: tunepilot plan examples/llama3-8b-lora.yaml --card h100 --card h200
     """
     from tunepilot.catalog import load_catalog, warn_if_stale
-    from tunepilot.memory.plan import make_plan
+    from tunepilot.plan.api import make_plan
 
     run_spec = load_run_spec(spec)
     cat = load_catalog(catalog)
@@ -45,12 +45,12 @@ def plan(
         if trace:
             raise UserError("--calibrate", "applies to the analytic plan (the pilot's residuals "
                             "are measured against it).", "Drop --trace or --calibrate.")
-        from tunepilot.memory.calibration import make_calibrated_plan
+        from tunepilot.plan.calibrate import make_calibrated_plan
 
         result = make_calibrated_plan(run_spec, calibrate, catalog=cat, card_ids=card,
                                       headroom=headroom, base_dir=spec.parent)
     elif trace:
-        from tunepilot.memory.trace import make_traced_plan
+        from tunepilot.plan.trace.core import make_traced_plan
         from tunepilot.views.progress import ticking
 
         with ticking("plan", "tracing the training step on fake tensors"):

@@ -56,7 +56,7 @@ def import_(
                         "Omit --data to read the config's own (local) dataset.")
     from typing import get_args
 
-    from tunepilot.objective import ObjectiveKind
+    from tunepilot.spec.objective import ObjectiveKind
 
     if objective is not None and objective not in get_args(ObjectiveKind):
         raise UserError("--objective", f"{objective!r} is not one of "

@@ -72,7 +72,7 @@ def _precision_variants(spec: RunSpec, precisions: list[str] | None) -> list[Run
 
 def _compare_cards(ctx: QuoteContext, catalog: Catalog, tag: str, spot: SpotAsk | None = None
                    ) -> tuple[list[Quote], list[Refusal], list[str]]:
-    from tunepilot.fp8 import card_lacks_fp8
+    from tunepilot.spec.fp8 import card_lacks_fp8
 
     rows, refused, dropped = [], [], []
     for card in catalog.cards:

@@ -32,10 +32,9 @@ from tunepilot.cost.spot import node_rate, spot_quote
 from tunepilot.cost.terms import check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
 from tunepilot.errors import UserError
-from tunepilot.memory.fit import DEFAULT_HEADROOM
-from tunepilot.memory.host import Layout, host_fit, host_plan
 from tunepilot.model.flops import DTYPE_BYTES, FlopsPerToken, checkpoint_bytes, flops_per_token
-from tunepilot.objective import generation_cards, unit_notes
+from tunepilot.plan.fit import DEFAULT_HEADROOM
+from tunepilot.plan.host import Layout, host_fit, host_plan
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
 from tunepilot.results.host import HostFit
 from tunepilot.results.plan import CardFit, ParamSplit
@@ -46,6 +45,7 @@ from tunepilot.results.quote import (
     TimeTerm,
 )
 from tunepilot.spec import RunSpec
+from tunepilot.spec.objective import generation_cards, unit_notes
 from tunepilot.units import fmt_bytes
 
 __all__ = ["MEASURED", "PROJECTED", "quote"]
@@ -101,8 +101,8 @@ class QuoteContext:
 
 def context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None,
              card_ids: list[str] | None, base_dir: Path | None) -> QuoteContext:
-    from tunepilot.memory.plan import make_plan
     from tunepilot.model.arch import resolve_arch
+    from tunepilot.plan.api import make_plan
 
     run = read_run_dir(run_dir, spec, catalog) if run_dir is not None else None
     arch = resolve_arch(spec, base_dir)
@@ -190,7 +190,7 @@ def _tight_reason(ctx: QuoteContext, card: Card, count: int) -> str:
     row = ctx.fit[card.id]
     peak = row.device_peak_bytes
     if count > 1:  # the per-rank peak of the FSDP shards at this count, not one card's whole run
-        from tunepilot.memory.analytic import analytic_plan
+        from tunepilot.plan.analytic.core import analytic_plan
 
         par = dict(ctx.spec.parallel.model_dump(), strategy="fsdp", devices=min(count, 8),
                    nodes=max(1, count // 8))

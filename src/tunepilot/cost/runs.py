@@ -15,8 +15,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from tunepilot.method import MethodKind
 from tunepilot.spec import Implementation, Precision
+from tunepilot.spec.method import MethodKind
 
 HELD_OUT_EVERY = 3
 

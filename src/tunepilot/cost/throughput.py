@@ -43,7 +43,7 @@ def useful_fraction(ctx) -> Figure:
     if ctx.profile is not None:
         return ctx.profile.useful_fraction_figure(ctx.spec)
     if ctx.spec.data.source == "synthetic":
-        from tunepilot.objective import useful_fraction_at_full_length
+        from tunepilot.spec.objective import useful_fraction_at_full_length
 
         return Figure.projected(useful_fraction_at_full_length(ctx.spec), "fraction",
                                 "synthetic data has no padding (the objective's prompt is not "
@@ -101,7 +101,7 @@ def _fp8_lever(ctx, card: Card) -> list:
 def per_card(ctx, card: Card, useful: Figure) -> Figure:
     """Useful tokens/s of one card of this kind (as if the run fitted on one)."""
     from tunepilot.errors import UserError
-    from tunepilot.fp8 import require_fp8_card
+    from tunepilot.spec.fp8 import require_fp8_card
 
     require_fp8_card(ctx.spec, card)
     key = peak_precision(ctx.spec)

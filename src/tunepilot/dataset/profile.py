@@ -100,7 +100,7 @@ def _nice(x: int) -> int:
 
 
 def _completion(spec: RunSpec) -> int:
-    from tunepilot.objective import lengths
+    from tunepilot.spec.objective import lengths
 
     return lengths(spec).completion
 
@@ -109,7 +109,7 @@ def _rows(spec: RunSpec) -> tuple[int, int, int]:
     """(items per micro-batch, policy rows per item, positions added per row): a pair is two
     rows; a prompt num_generations rows of prompt + completion, prompts_per_generation prompts
     per batch."""
-    from tunepilot.objective import prompts_per_generation
+    from tunepilot.spec.objective import prompts_per_generation
 
     o = spec.objective
     if o.generative:

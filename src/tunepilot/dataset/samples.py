@@ -270,7 +270,7 @@ def _kind(spec: RunSpec) -> str:
 
 def _synthetic(spec: RunSpec, vocab_size: int) -> torch.utils.data.Dataset:
     """Random tokens of the objective's shape at full length: samples, pairs or prompts."""
-    from tunepilot.objective import lengths
+    from tunepilot.spec.objective import lengths
 
     ln = lengths(spec)
     if spec.objective.paired:
@@ -282,7 +282,7 @@ def _synthetic(spec: RunSpec, vocab_size: int) -> torch.utils.data.Dataset:
 
 def _objective_samples(spec: RunSpec, enc, samples: EncodedSamples, info: DataInfo):
     """Pairs (two encoded samples each) or prompts (truncated to the prompt length)."""
-    from tunepilot.objective import lengths
+    from tunepilot.spec.objective import lengths
 
     if spec.data.data_format == "preference":
         ds = PairSamples(samples)

@@ -45,7 +45,7 @@ def _base_model(model: Any) -> tuple[Any, dict]:
 def _variants(cfg: Any) -> dict:
     """The adapter variants the plan models (modules_to_save: the ones it can size)."""
     from tunepilot.integrations.kernels_seen import adapter_variants
-    from tunepilot.memory.variants import EMBEDDING_NAMES
+    from tunepilot.plan.analytic.variants import EMBEDDING_NAMES
 
     out = adapter_variants(cfg)
     mods = [m for m in out.pop("modules_to_save", []) if m in EMBEDDING_NAMES + ("lm_head",)]

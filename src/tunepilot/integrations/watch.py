@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tunepilot.device import nvml_handles, nvml_used_per_process, nvml_used_total
 from tunepilot.errors import UserError
+from tunepilot.proc.spawn import Spawned
 from tunepilot.results.figure import Figure
 from tunepilot.results.pilot import (
     DeviceBlock,
@@ -32,7 +33,6 @@ from tunepilot.results.pilot import (
     ProcessMemory,
     Watched,
 )
-from tunepilot.spawn import Spawned
 
 MARKERS_ENV = "TUNEPILOT_WATCH_MARKERS"
 DIR_ENV = "TUNEPILOT_WATCH_DIR"

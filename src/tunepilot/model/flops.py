@@ -110,7 +110,7 @@ def objective_passes(spec, forward_per_token: float, seq: float) -> tuple[float,
     completion with transformers' generate, once per prompt with vLLM's prefix caching), the
     reference's (beta > 0), the old policy's (num_iterations > 1) and a reward model's
     forwards, shared over the num_iterations updates of one generation batch."""
-    from tunepilot.objective import lengths
+    from tunepilot.spec.objective import lengths
 
     o = spec.objective
     if o.kind == "sft":
@@ -143,7 +143,7 @@ def decode_seconds_per_position(arch: Arch, spec, hbm_bytes_per_s: float) -> flo
     (the bandwidth-bound floor: transformers' generate runs slower, which a pilot measures).
     A vLLM server decodes every rank's completions at once on its own cards (tensor parallel);
     each rank waits for it. 0 for objectives that do not generate."""
-    from tunepilot.objective import generation_batch, lengths
+    from tunepilot.spec.objective import generation_batch, lengths
 
     o = spec.objective
     if not o.generative:

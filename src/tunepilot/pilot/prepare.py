@@ -9,8 +9,8 @@ from pathlib import Path
 from tunepilot.catalog import Catalog
 from tunepilot.device import DeviceInfo, probe_device
 from tunepilot.errors import DoesNotFit, UserError
-from tunepilot.memory.analytic import analytic_plan
 from tunepilot.model.arch import resolve_arch, resolve_model_config
+from tunepilot.plan.analytic.core import analytic_plan
 from tunepilot.spec import RunSpec
 from tunepilot.units import fmt_bytes
 
@@ -23,7 +23,7 @@ PLAN_MARGIN = 1.10
 def needs_bitsandbytes(spec: RunSpec) -> bool:
     """QLoRA and every 8-bit or paged optimizer need bitsandbytes (the one rule, used by the
     device probe, the pilot's preflight and the ROCm check)."""
-    from tunepilot.training import BNB_OPTIMIZERS
+    from tunepilot.training.step import BNB_OPTIMIZERS
 
     return spec.method.kind == "qlora" or spec.optimizer.name in BNB_OPTIMIZERS
 
@@ -34,7 +34,7 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     from tunepilot.pilot.measurements import Measurements
     from tunepilot.pilot.provenance import collect_provenance
     from tunepilot.pilot.session import PilotOutOfMemory, Session
-    from tunepilot.training import OWN_STEP_OBJECTIVES
+    from tunepilot.training.step import OWN_STEP_OBJECTIVES
 
     if spec.objective.kind not in OWN_STEP_OBJECTIVES:
         raise UserError("objective.kind", f"{spec.objective.kind}: tunepilot's own pilot runs "
@@ -58,7 +58,7 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     pilot_spec, kernels = without_gpu_kernels(pilot_spec)
     notes += kernels
     if pilot_spec.is_fp8:  # FP8 is not measured: the pilot runs its bf16-mixed stand-in
-        from tunepilot.fp8 import bf16_stand_in, pilot_note
+        from tunepilot.spec.fp8 import bf16_stand_in, pilot_note
 
         notes.append(pilot_note(pilot_spec))
         pilot_spec = bf16_stand_in(pilot_spec)
@@ -185,7 +185,7 @@ def without_gpu_kernels(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     return spec.with_changes(kernels=kernels), [
         f"kernels {'; '.join(on)}: GPU kernels tunepilot's step does not build - the pilot ran "
         "transformers' stock path (SDPA attention) and did NOT measure them; their memory is "
-        "in the plan (memory/variants.py), their speed in the time model"]
+        "in the plan (plan/analytic/variants.py), their speed in the time model"]
 
 
 def local_memory(info: DeviceInfo) -> tuple[int, str]:

@@ -12,7 +12,6 @@ import torch
 
 from tunepilot.dataset import longest_batch
 from tunepilot.errors import TunepilotError
-from tunepilot.memory.tracker import StorageTracker, state_tensors, tensor_bytes
 from tunepilot.pilot.measurements import CheckpointWrite, StepRecord
 from tunepilot.pilot.steps import (
     InstrumentedStep,
@@ -20,8 +19,9 @@ from tunepilot.pilot.steps import (
     optimizer_state_complete,
     probe_step_memory,
 )
-from tunepilot.search import largest_passing
-from tunepilot.training import make_state
+from tunepilot.plan.search import largest_passing
+from tunepilot.plan.trace.tracker import StorageTracker, state_tensors, tensor_bytes
+from tunepilot.training.step import make_state
 
 MAX_SEARCH_MICRO_BATCH = 4096  # --find-max-batch stops doubling here
 CPU_SEARCH_RAM_FRACTION = 0.8  # on CPU the search caps tensors at 80% of free RAM: the OS

@@ -1,5 +1,5 @@
 """The pilot against its plan: the device-wide reading, the residual per component, and the
-calibration ratios later plans apply (memory/calibration.py, `plan --calibrate`)."""
+calibration ratios later plans apply (plan/calibrate.py, `plan --calibrate`)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def plan_vs_measured(s) -> PlanVsMeasured:
 
 
 def calibration(s, pvm: PlanVsMeasured) -> Calibration | None:
-    """The residual ratios later plans apply (memory/calibration.py, `plan --calibrate`)."""
+    """The residual ratios later plans apply (plan/calibrate.py, `plan --calibrate`)."""
     ratios = {c: pvm.components[c].ratio.value for c in CALIBRATED_COMPONENTS
               if c in pvm.components and pvm.components[c].ratio is not None
               and pvm.components[c].ratio.value is not None}

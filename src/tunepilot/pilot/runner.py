@@ -1,7 +1,7 @@
 """The pilot: real training steps of the run on the local device, worst case first.
 
     probe device -> check the plan against the device's memory -> plan (analytic, for the
-    residuals) -> data (longest batch) -> build the run (tunepilot.training.build_run)
+    residuals) -> data (longest batch) -> build the run (tunepilot.training.step.build_run)
     -> warm-up: 2 full steps on the longest batch (step 1 creates the optimizer state; step 2,
        the steady state the plan describes, runs under the tensor tracker: memory by component)
     -> measured steps on real batches until the 95% CI of the mean step time is under 2%
@@ -27,7 +27,6 @@ from tunepilot.catalog import load_catalog
 from tunepilot.dataset import longest_batch, useful_tokens
 from tunepilot.device import make_sampler, nvml_used_by_uuid
 from tunepilot.errors import UserError
-from tunepilot.memory.tracker import StorageTracker, state_tensors
 from tunepilot.pilot.measurements import ValidationPass
 from tunepilot.pilot.session import (
     PilotOptions,
@@ -37,10 +36,11 @@ from tunepilot.pilot.session import (
 )
 from tunepilot.pilot.stats import StopRule
 from tunepilot.pilot.steps import InstrumentedStep, free_memory
+from tunepilot.plan.trace.tracker import StorageTracker, state_tensors
 from tunepilot.results.pilot import PilotResult
 from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir, default_run_dir
-from tunepilot.training import build_run, evaluate
+from tunepilot.training.step import build_run, evaluate
 
 WARMUP_STEPS = 2  # step 1 creates the optimizer state; step 2 is the steady state (plan = step 2+)
 
@@ -121,7 +121,7 @@ def _execute(s: Session) -> None:
 
 
 def _build(s: Session) -> None:
-    """The model, optimizer, scheduler and data stream (tunepilot.training.build_run)."""
+    """The model, optimizer, scheduler and data stream (tunepilot.training.step.build_run)."""
     s.progress("load model", 0, None)
     if s.gpu:
         torch.cuda.reset_peak_memory_stats()
@@ -154,7 +154,7 @@ def _build(s: Session) -> None:
 
 def _longest(s: Session) -> None:
     """The worst batch: the micro-batch's longest samples, padded as training pads them."""
-    from tunepilot.objective import lengths, prompts_per_generation
+    from tunepilot.spec.objective import lengths, prompts_per_generation
 
     spec = s.pilot_spec
     generative = spec.objective.generative
@@ -167,7 +167,7 @@ def _longest(s: Session) -> None:
                  "sequence_length": seq + (ln.completion if generative else 0),
                  "useful_tokens": useful_tokens(lb), "padded_tokens": int(lb["input_ids"].numel())}
     if s.longest["sequence_length"] < spec.sequence_length:
-        from tunepilot.memory.analytic import analytic_plan
+        from tunepilot.plan.analytic.core import analytic_plan
 
         # compare like with like: the plan of the batch the probe step runs
         changes: dict = {"sequence_length": s.longest["sequence_length"]}

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tunepilot.memory.tracker import SIMULATED_OOM, StorageTracker
 from tunepilot.pilot.measurements import Measurements
 from tunepilot.pilot.stats import StopRule
+from tunepilot.plan.trace.tracker import SIMULATED_OOM, StorageTracker
 
 if TYPE_CHECKING:
     from tunepilot.catalog import Catalog
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tunepilot.pilot.steps import InstrumentedStep, StepMemory
     from tunepilot.results.plan import MemoryPlan
     from tunepilot.spec import RunSpec
-    from tunepilot.training import Run
+    from tunepilot.training.step import Run
 
 Progress = Callable[[str, int, int | None], None]
 DEFAULT_MAX_STEPS = 100

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tunepilot.memory.tracker import StorageTracker, state_tensors, tensor_bytes
 from tunepilot.pilot.measurements import StepRecord
+from tunepilot.plan.trace.tracker import StorageTracker, state_tensors, tensor_bytes
 from tunepilot.spec import RunSpec
-from tunepilot.training import StepStats, TrainState, train_step
+from tunepilot.training.step import StepStats, TrainState, train_step
 
 GPU_SPLIT_EVERY = 5  # split fwd/bwd/opt on every 5th GPU step (each split costs two syncs)
 
@@ -67,7 +67,7 @@ class InstrumentedStep:
             wall = st.wall_s
         generated = self.spec.objective.generative and st.generation_s > 0
         if self.spec.objective.generative:  # the policy sees prompt + completion
-            from tunepilot.objective import lengths
+            from tunepilot.spec.objective import lengths
 
             seq[0] += lengths(self.spec).completion
         return StepRecord(wall_s=wall, data_wait_s=st.data_wait_s,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from markupsafe import Markup, escape
 
-from tunepilot.memory.fit import DEFAULT_HEADROOM
+from tunepilot.plan.fit import DEFAULT_HEADROOM
 from tunepilot.report import charts
 from tunepilot.results.data import DataProfile
 from tunepilot.results.decision import Decision

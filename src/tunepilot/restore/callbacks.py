@@ -122,7 +122,7 @@ class ProofRecorder:
         self.checkpoint = str(dst)
 
     def write(self) -> None:
-        from tunepilot.child import write_message
+        from tunepilot.proc.child import write_message
         from tunepilot.restore.messages import CallbackProof
 
         write_message(self.dir / f"{self.role}.json", CallbackProof(

@@ -5,7 +5,7 @@ exactly.
    and optimizer tensor, the scheduler state and current LR, each RNG stream, the data position,
    the step count), saves a checkpoint, and trains M more steps recording, per step, the loss as
    exact bits (float.hex), the batch fingerprint(s) and the LR.
-2. A fresh Python process (tunepilot.restore.worker, through tunepilot.child) builds the run from
+2. A fresh Python process (tunepilot.restore.worker, through tunepilot.proc.child) builds the run from
    the spec, loads the checkpoint (verified while read), digests every component the same way
    before it trains, then trains the same M steps recording the same.
 3. The verdict (restore/compare.py) compares component by component, then step by step: batch
@@ -19,9 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunepilot.checkpoint import CheckpointInfo, save_checkpoint
-from tunepilot.child import ChildFailed, run_child
 from tunepilot.errors import UserError
-from tunepilot.fp8 import stand_in_note
+from tunepilot.proc.child import ChildFailed, run_child
 from tunepilot.restore import compare as cmp
 from tunepilot.restore.messages import DeterminismReport, FreshJob, ProcessReport
 from tunepilot.restore.worker import (
@@ -35,6 +34,7 @@ from tunepilot.restore.worker import (
 from tunepilot.results.figure import Figure
 from tunepilot.results.restore import CheckpointRef, ComponentCheck, RestoreResult
 from tunepilot.spec import RunSpec
+from tunepilot.spec.fp8 import stand_in_note
 from tunepilot.store import RunDir
 
 DEFAULT_STEPS_BEFORE = 4
@@ -89,9 +89,9 @@ def verify_restore(spec: RunSpec, steps_before: int = DEFAULT_STEPS_BEFORE,
 def _check_memory(spec: RunSpec, info, base_dir: Path | None) -> None:
     """The plan against the local device's memory, before minutes of building (the proof
     holds the run twice: this process and the fresh one after it)."""
-    from tunepilot.memory.analytic import analytic_plan
     from tunepilot.model.arch import resolve_arch
     from tunepilot.pilot.prepare import check_plan_fits_device, single_device_spec
+    from tunepilot.plan.analytic.core import analytic_plan
 
     single, _ = single_device_spec(spec)
     plan = analytic_plan(single, resolve_arch(single, base_dir), info.kind)

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 from tunepilot.errors import UserError
-from tunepilot.fp8 import stand_in_note
 from tunepilot.restore.messages import ProcessReport, ShardedJob
 from tunepilot.results.figure import Figure
 from tunepilot.results.restore import (
@@ -34,6 +33,7 @@ from tunepilot.results.restore import (
     Trajectories,
 )
 from tunepilot.spec import RunSpec
+from tunepilot.spec.fp8 import stand_in_note
 
 LAUNCH_TIMEOUT_S = 1800
 
@@ -43,7 +43,7 @@ def verify_sharded_restore(spec: RunSpec, nproc: int, steps_before: int, steps_a
                            base_dir: Path | None = None, progress=None,
                            device: str | None = None) -> RestoreResult:
     """Save on ``nproc`` ranks, resume on ``resume_nproc`` (default the same); restore.json."""
-    from tunepilot.child import write_message
+    from tunepilot.proc.child import write_message
     from tunepilot.restore.proof import check_steps
     from tunepilot.scaling.launch import launch
     from tunepilot.store import RunDir
@@ -108,7 +108,7 @@ def _check_batch(spec: RunSpec, nproc: int, resume: int) -> int:
 
 
 def _read(out: Path, n: int) -> list[ProcessReport]:
-    from tunepilot.child import read_message
+    from tunepilot.proc.child import read_message
 
     return [read_message(ProcessReport, out / f"rank{r}.json") for r in range(n)]
 
@@ -199,11 +199,11 @@ def rank_main(job: ShardedJob) -> ProcessReport:
     import torch.distributed as dist
 
     from tunepilot.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from tunepilot.child import write_message
+    from tunepilot.proc.child import write_message
     from tunepilot.restore.messages import DeterminismReport
     from tunepilot.restore.worker import deterministic, seed_everything, state_digest, train
     from tunepilot.scaling.worker import init_group, wrap
-    from tunepilot.training import build_run
+    from tunepilot.training.step import build_run
 
     rank, _, device = init_group(job.device, job.threads)
     world = dist.get_world_size()
@@ -252,8 +252,8 @@ def rank_main(job: ShardedJob) -> ProcessReport:
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from tunepilot.child import read_job
-    from tunepilot.spawn import LAUNCHERS, die_with_parent
+    from tunepilot.proc.child import read_job
+    from tunepilot.proc.spawn import LAUNCHERS, die_with_parent
 
     die_with_parent(parent_runs=LAUNCHERS)
     job = read_job(argv, ShardedJob)

@@ -38,7 +38,7 @@ RUN_TIMEOUT_S = 3600
 def verify_trainer_restore(cmd: list[str], out: Path, *, trainer: str = "hf",
                            steps_before: int = 4, steps_after: int = 4,
                            progress=None) -> RestoreResult:
-    from tunepilot.child import read_message
+    from tunepilot.proc.child import read_message
     from tunepilot.restore.proof import check_steps
     from tunepilot.store import RunDir
 
@@ -86,7 +86,7 @@ def verify_trainer_restore(cmd: list[str], out: Path, *, trainer: str = "hf",
 def _run(cmd: list[str], env: dict[str, str], run, role: str) -> str | None:
     """Run the script; None when it exited 0, else why (with its log's last line)."""
     log = run.logs_dir() / f"trainer-restore-{role}.log"
-    from tunepilot.spawn import run_to_end
+    from tunepilot.proc.spawn import run_to_end
 
     try:
         with open(log, "wb") as f:  # the script and what it starts die with tunepilot

@@ -40,7 +40,7 @@ _NONDETERMINISTIC_WARNING = "does not have a deterministic implementation"
 
 def build(spec: RunSpec, total_steps: int, base_dir: Path | None, device: str, **kwargs):
     """(training state, data stream) of the spec, as every stage builds them."""
-    from tunepilot.training import build_run
+    from tunepilot.training.step import build_run
 
     run = build_run(spec, device, total_steps=total_steps, base_dir=base_dir, **kwargs)
     return run.state, run.stream
@@ -50,7 +50,7 @@ def train(state, stream, spec: RunSpec, n: int, *, accumulation: int | None = No
           ) -> list[StepRecord]:
     """n optimizer steps, each recorded exactly (loss and LR as float.hex, batch fingerprints)."""
     from tunepilot.dataset import batch_fingerprint
-    from tunepilot.training import train_step
+    from tunepilot.training.step import train_step
 
     out = []
     for _ in range(n):
@@ -160,7 +160,7 @@ def load_hook(ref: str | None):
     """The hook object ``module:object`` (tests/support), or None."""
     if not ref:
         return None
-    from tunepilot.child import load_object
+    from tunepilot.proc.child import load_object
 
     return load_object(ref)
 
@@ -197,6 +197,6 @@ def resume(raw: dict) -> dict:
 
 
 if __name__ == "__main__":
-    from tunepilot.child import child_main
+    from tunepilot.proc.child import child_main
 
     sys.exit(child_main(resume))

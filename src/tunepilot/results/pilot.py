@@ -57,7 +57,7 @@ class RunBlock(Model):
     activation_checkpointing: str | None = None
     tokens_per_optimizer_step: Figure = _fig("tokens")
     objective: str | None = None
-    """what was trained: sft, dpo, grpo, ... (objective.py)"""
+    """what was trained: sft, dpo, grpo, ... (spec/objective.py)"""
     trainer: str | None = None
     """the loop that ran: tunepilot's own, or the user's (transformers.Trainer, Lightning, ...)"""
 

@@ -137,7 +137,7 @@ class MemoryPlan(StageResult):
     assumptions: list[str] = Field(default_factory=list)
     cards: list[CardFit] = Field(default_factory=list)
     host: HostPlan | None = None
-    """host RAM and local disk per node for the spec's layout (memory/host.py)"""
+    """host RAM and local disk per node for the spec's layout (plan/host.py)"""
     trace: dict[str, Any] | None = None
     """what the trace saw (traced plans), or why it fell back"""
     differences: list[dict[str, Any]] = Field(default_factory=list)

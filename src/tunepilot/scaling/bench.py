@@ -115,7 +115,7 @@ def run(sizes_bytes: list[int], iters: int, warmup: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tunepilot.spawn import LAUNCHERS, die_with_parent
+    from tunepilot.proc.spawn import LAUNCHERS, die_with_parent
 
     die_with_parent(parent_runs=LAUNCHERS)  # torchrun gone (tunepilot killed): this rank goes too
     p = argparse.ArgumentParser(prog="python -m tunepilot.scaling.bench")

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from tunepilot.child import src_pythonpath
 from tunepilot.errors import TunepilotError
-from tunepilot.spawn import Spawned
+from tunepilot.proc.child import src_pythonpath
+from tunepilot.proc.spawn import Spawned
 
 TEARDOWN_GRACE_S = 5.0  # SIGTERM -> SIGKILL; torchrun's own default is 30 s
 POLL_INTERVAL_S = 0.2

@@ -1,6 +1,6 @@
 """What crosses the scaling test's process boundary, typed: the job every rank reads, and the
 record each rank writes back (rank<R>.json, all_ranks.json). Written and read by the one pair of
-helpers in child.py (write_message / read_message), validated once on the way in."""
+helpers in proc/child.py (write_message / read_message), validated once on the way in."""
 
 from __future__ import annotations
 

@@ -22,14 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunepilot.child import read_message, write_message
 from tunepilot.errors import TunepilotError, UserError
-from tunepilot.fp8 import stand_in_note
+from tunepilot.proc.child import read_message, write_message
 from tunepilot.results.scale import BatchPlan, ScalingResult, StrategyResult
 from tunepilot.scaling.analysis import compare, notes, recommend, summarize
 from tunepilot.scaling.launch import LaunchError, Rendezvous, launch
 from tunepilot.scaling.messages import GatheredRanks, RankRecord, ScaleJob
 from tunepilot.spec import RunSpec
+from tunepilot.spec.fp8 import stand_in_note
 
 STRATEGIES = ("ddp", "fsdp")
 DEFAULT_STEPS = 5
@@ -65,9 +65,9 @@ def _check_memory(spec: RunSpec, node, nproc: int, base_dir: Path | None) -> Non
     """Every strategy's per-rank plan against the local device's memory (on a CPU the ranks
     share the host's RAM), before anything is launched."""
     from tunepilot.device import probe_device
-    from tunepilot.memory.analytic import analytic_plan
     from tunepilot.model.arch import resolve_arch
     from tunepilot.pilot.prepare import check_plan_fits_device, single_device_spec
+    from tunepilot.plan.analytic.core import analytic_plan
 
     info = probe_device(device="cpu" if node.kind == "cpu" else None)
     arch = resolve_arch(spec, base_dir)

@@ -8,7 +8,7 @@ Each rank builds the spec's model (same seed, so the same weights everywhere), w
 `DistributedDataParallel`, or FSDP as tunepilot.model.shard.shard_model does it (FSDP2
 `fully_shard` per decoder layer then the root, or FSDP1 where the spec says so), or nothing for
 the 1-rank baseline - and runs warm-up + measured optimizer steps with
-tunepilot.training.train_step. Its shard of the data comes from tunepilot.dataset's
+tunepilot.training.step.train_step. Its shard of the data comes from tunepilot.dataset's
 StatefulDistributedSampler, so the ranks together read the single-device order: sample k of
 rank r is sample k*N + r of the baseline. It writes OUT/rank{R}.json and, on local rank 0,
 OUT/all_ranks.json with every rank's record (gathered over the process group, so the first
@@ -217,9 +217,9 @@ def run(job: ScaleJob) -> RankRecord:
     import torch
     import torch.distributed as dist
 
-    from tunepilot.child import call_hook
+    from tunepilot.proc.child import call_hook
     from tunepilot.spec import spec_from_dict
-    from tunepilot.training import build_run, train_step
+    from tunepilot.training.step import build_run, train_step
 
     rank, local_rank, device = init_group(job.device, job.threads)
     world = dist.get_world_size()
@@ -281,7 +281,7 @@ def _report(out: Path, record: RankRecord, rank: int, local_rank: int, world: in
     """rank{R}.json, and on local rank 0 every rank's record (gathered over the group)."""
     import torch.distributed as dist
 
-    from tunepilot.child import write_message
+    from tunepilot.proc.child import write_message
 
     write_message(out / f"rank{rank}.json", record)
     gathered: list = [None] * world
@@ -297,8 +297,8 @@ def _report(out: Path, record: RankRecord, rank: int, local_rank: int, world: in
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    from tunepilot.child import read_job
-    from tunepilot.spawn import LAUNCHERS, die_with_parent
+    from tunepilot.proc.child import read_job
+    from tunepilot.proc.spawn import LAUNCHERS, die_with_parent
 
     die_with_parent(parent_runs=LAUNCHERS)  # torchrun gone (tunepilot killed): this rank goes too
     job = read_job(argv, ScaleJob)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             run(job)
         except torch.OutOfMemoryError as exc:
             rank = int(os.environ.get("RANK", "0"))
-            from tunepilot.child import write_message
+            from tunepilot.proc.child import write_message
 
             write_message(Path(job.out) / f"rank{rank}.json",
                           RankRecord(rank=rank, strategy=job.strategy, status="does_not_fit",

@@ -50,7 +50,7 @@ def render_plan(plan: MemoryPlan, spec, headroom: float) -> None:
 
 def _objective(spec) -> None:
     """The objective's arithmetic, when it is not SFT: lengths, reference, generation."""
-    from tunepilot.objective import generation_batch, lengths, useful_unit
+    from tunepilot.spec.objective import generation_batch, lengths, useful_unit
 
     o = spec.objective
     if o.kind == "sft":

@@ -40,7 +40,7 @@ class ImportOptions:
 
 def read_config(path: Path) -> dict:
     """The config as a mapping (YAML or JSON), with every problem a UserError."""
-    from tunepilot.yaml_input import read_yaml_mapping
+    from tunepilot.spec.yaml_input import read_yaml_mapping
 
     return read_yaml_mapping(path, what="config")
 

@@ -315,7 +315,7 @@ def relative_to(path: str, base: Path, out_dir: Path) -> str:
     return os.path.relpath((base / p).resolve(), out_dir.resolve())
 
 
-# FP8 as the configs name it -> the spec's precision (fp8.py): axolotl `fp8` + `fp8_config.recipe`
+# FP8 as the configs name it -> the spec's precision (spec/fp8.py): axolotl `fp8` + `fp8_config.recipe`
 # (torchao Float8Linear; axolotl docs/mixed_precision.qmd), LLaMA-Factory `fp8` + `fp8_backend`
 # (hparams/training_args.py Fp8Arguments: auto | torchao | te | msamp; auto and torchao build
 # torchao's default recipe, tensorwise)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunepilot.integrations.importers.common import Mapper, truthy
-from tunepilot.kernels import LIGER_ALL
+from tunepilot.spec.kernels import LIGER_ALL
 
 # transformers' attn_implementation (and the trainers' spellings of it) -> kernels.attention
 ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash-attention-2",

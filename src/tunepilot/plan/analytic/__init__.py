@@ -1,0 +1,1 @@
+"""The analytic plan: pure arithmetic over the architecture and the spec (no torch)."""

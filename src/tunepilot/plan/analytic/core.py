@@ -1,0 +1,465 @@
+"""The analytic memory plan: pure arithmetic over the model's architecture and the run spec.
+
+No torch import on this path (it is what `tunepilot plan` runs in milliseconds). The model is the
+implementation tunepilot's pilot runs: Hugging Face transformers decoders with SDPA attention (a
+flash/memory-efficient kernel, so no s x s term), PEFT LoRA, PyTorch optimizers, autocast for the
+*-mixed precisions. Byte counts per token are derived in plan/analytic/activations.py.
+
+The peak is taken over the step's timeline (a list of phases), not as a sum of maxima:
+  forward-end    inside autocast: saved activations, autocast's weight casts, the logits and
+                 their fp32 upcast
+  loss-backward  the cross-entropy backward: saved activations and the fp32 loss gradients
+  backward-end   all gradients materialised, activations freed
+  optimizer-step gradients + optimizer state + the optimizer's temporaries
+Optimizer state exists from step 1 on, so every phase includes it (the plan is of step 2+).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tunepilot.model.arch import Arch, ParamCounts, linear_modules, lora_param_count, param_counts
+from tunepilot.model.flops import (
+    DTYPE_BYTES,
+    default_optimizer_impl,
+    optimizer_bytes,
+    trainable_shapes,
+)
+from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
+from tunepilot.plan.analytic import variants
+from tunepilot.plan.analytic.activations import (
+    CHUNKED_LOSS_TOKENS,
+    layer_backward_bytes,
+    logits_bytes,
+    logits_forward_bytes,
+    logprob_bytes,
+    no_grad_layer_bytes,
+    precision_bytes,
+    saved_activations,
+)
+from tunepilot.plan.analytic.phases import (
+    frozen_copies_bytes,
+    no_grad_forward_bytes,
+    objective_notes,
+    objective_phases,
+)
+from tunepilot.plan.reserve.core import reserve_note, varied_shapes
+from tunepilot.resources import runtime_constants
+from tunepilot.results.plan import MemoryPlan, ParamSplit, PerDevice, Phase
+from tunepilot.spec import RunSpec
+
+# NF4 (bitsandbytes / QLoRA paper, Dettmers et al. 2023, section 3): 4-bit codes = 0.5 B/param,
+# plus one fp32 absmax per block of 64 weights (4/64 B/param); with double quantization the absmax
+# values are 8-bit with one fp32 constant per 256 of them (1/64 + 4/(64*256) B/param).
+NF4_BYTES_PER_PARAM = 0.5
+NF4_ABSMAX_BYTES_PER_PARAM = 4 / 64
+NF4_DQ_ABSMAX_BYTES_PER_PARAM = 1 / 64 + 4 / (64 * 256)
+
+__all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "per_device_figures", "runtime_constants",
+           "split_params"]
+
+
+
+def task_counts(arch: Arch, spec: RunSpec) -> ParamCounts:
+    """The parameters of the spec's model: a sequence-classification model has a
+    num_labels x hidden score head instead of the vocabulary lm_head."""
+    counts = param_counts(arch)
+    if spec.model.task != "sequence-classification":
+        return counts
+    import dataclasses
+
+    score = spec.model.num_labels * arch.hidden_size
+    return dataclasses.replace(counts, total=counts.total - counts.lm_head + score,
+                               lm_head=score)
+
+
+def split_params(arch: Arch, spec: RunSpec) -> ParamSplit:
+    counts = task_counts(arch, spec)
+    if spec.method.is_lora:
+        lora = lora_param_count(arch, spec.method.lora_targets, spec.method.lora_rank or 1)
+        if spec.model.task == "sequence-classification":  # PEFT's SEQ_CLS trains the head
+            lora += counts.lm_head  # (a trainable copy beside the frozen original)
+        # DoRA's magnitude vectors; the modules_to_save copies (plan/analytic/variants.py)
+        lora += variants.dora_magnitude_params(arch, spec) + \
+            variants.saved_module_bytes(arch, spec)[0]
+        return ParamSplit(total=counts.total + lora, trainable=lora, frozen=counts.total)
+    return ParamSplit(total=counts.total, trainable=counts.total, frozen=0)
+
+
+@dataclass
+class _States:
+    """Model states of one device (bytes), before and after sharding."""
+
+    weights: int
+    master: int
+    grads: int
+    optim: int
+    optim_temp: int
+    frozen_bytes: int
+    trainable_bytes: int
+    linear_weights: int
+    lm_head_weights: int
+    unsharded: int = 0
+    buckets: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _frozen_bytes(spec: RunSpec, arch: Arch, params: ParamSplit, counts: ParamCounts,
+                  linear_weights: int, lm_head_weights: int, notes: list[str]) -> int:
+    """The frozen base: NF4 codes + absmax for QLoRA's quantized linears, else its dtype."""
+    if spec.method.kind != "qlora":
+        return params.frozen * (DTYPE_BYTES[spec.frozen_base_dtype] if params.frozen else 0)
+    m = spec.method
+    quant = linear_weights + (lm_head_weights if m.quantize_lm_head and
+                              not arch.tied_embeddings else 0)
+    absmax = NF4_DQ_ABSMAX_BYTES_PER_PARAM if m.double_quant else NF4_ABSMAX_BYTES_PER_PARAM
+    notes.append("QLoRA: NF4 base (bitsandbytes) for the decoder linears"
+                 + (" and lm_head" if m.quantize_lm_head else "") + "; embeddings, norms"
+                 + ("" if m.quantize_lm_head else " and lm_head") + " kept in 16 bit")
+    return (int(quant * (NF4_BYTES_PER_PARAM + absmax))
+            + DTYPE_BYTES[spec.frozen_base_dtype] * (counts.total - quant))
+
+
+def _model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
+                  counts: ParamCounts) -> _States:
+    """Weights, master weights, gradients and optimizer state of the unsharded model."""
+    _, _, pb = precision_bytes(spec)
+    notes: list[str] = []
+    linear_weights = sum(m.in_features * m.out_features * m.count_per_layer
+                         for m in linear_modules(arch)) * arch.num_layers
+    lm_head_weights = (spec.model.num_labels if spec.model.task == "sequence-classification"
+                       else arch.vocab_size) * arch.hidden_size
+    frozen = _frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
+    copies, copy_b = variants.saved_module_bytes(arch, spec)  # modules_to_save: base dtype
+    trainable_bytes = (params.trainable - copies) * pb + copies * copy_b
+    if spec.mixed:  # the fp32 parameters updated are the master copy
+        weights, master = frozen, trainable_bytes
+    else:
+        weights, master = frozen + trainable_bytes, 0
+    impl = default_optimizer_impl(spec, stack)
+    optim, temp = optimizer_bytes(spec, params.trainable - copies, trainable_shapes(arch, spec),
+                                  impl)
+    if copies:  # their state in their own dtype; foreach steps each dtype's group in turn
+        o2, t2 = variants.saved_module_optimizer_bytes(arch, spec, impl)
+        optim, temp = optim + o2, (temp + t2 if copy_b == pb else max(temp, t2))
+    frozen_copies = frozen_copies_bytes(spec, counts.total)  # a reference / reward-model copy
+    if frozen_copies:
+        notes.append(f"a frozen copy of the model for the {_copies(spec)} in the compute dtype "
+                     f"({frozen_copies / 2**30:,.2f} GiB) among the weights")
+    return _States(weights + frozen_copies, master, trainable_bytes, optim, temp, frozen,
+                   trainable_bytes, linear_weights, lm_head_weights, notes=notes)
+
+
+def _copies(spec: RunSpec) -> str:
+    o = spec.objective
+    names = ["reference"] if o.reference_kind(spec.method.kind) == "copy" else []
+    return " and ".join(names + (["reward model"] if o.reward_model == "copy" else []))
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """The model states of the whole (unsharded) model, for the host plan."""
+
+    params: int
+    trainable: int
+    model_states: int
+    """weights + master weights + gradients + optimizer state (bytes)"""
+
+
+def state_bytes(spec: RunSpec, arch: Arch, stack: str = "cuda") -> StateBytes:
+    """The unsharded model states, by the same rule as the device plan (FSDP's CPU offload moves
+    each rank's 1/N of them to host memory)."""
+    params = split_params(arch, spec)
+    s = _model_states(spec, arch, stack, params, task_counts(arch, spec))
+    return StateBytes(params.total, params.trainable, s.weights + s.master + s.grads + s.optim)
+
+
+def _parallelize(spec: RunSpec, s: _States, counts: ParamCounts, cb: int) -> _States:
+    """FSDP shards the states 1/N and keeps some layers unsharded; DDP adds gradient buckets."""
+    N, par = spec.parallel.world_size, spec.parallel
+    if par.strategy == "fsdp":
+        s.weights, s.master, s.grads, s.optim, s.optim_temp = (
+            x // N for x in (s.weights, s.master, s.grads, s.optim, s.optim_temp))
+        root = counts.embedding + counts.lm_head
+        if par.reshard_after_forward:
+            s.unsharded = cb * (FSDP_UNSHARDED_LAYERS * counts.per_layer + root)
+            what = "2 layers + root"
+        else:
+            s.unsharded, what = cb * counts.total, "all layers (reshard_after_forward: false)"
+        s.notes.append(f"FSDP2 over {N} ranks: parameters, gradients and optimizer state sharded "
+                       f"1/{N}; unsharded {what} in compute dtype")
+        if par.cpu_offload:
+            host = s.weights + s.master + s.grads + s.optim
+            s.weights = s.master = s.optim = s.grads = s.optim_temp = 0
+            s.notes.append(offload_note(host))
+    elif par.strategy == "ddp" and N > 1:
+        s.buckets = s.grads
+        s.notes.append("DDP: gradient buckets are a second copy of the gradients "
+                       "(gradient_as_bucket_view=False, PyTorch's default)")
+    return s
+
+
+def lever_notes(spec: RunSpec) -> list[str]:
+    """What the plan models on top of the step for torchtune's memory levers."""
+    from tunepilot.plan.analytic.activations import OFFLOAD_LAYERS_ON_DEVICE
+
+    out = []
+    if spec.optimizer_in_backward:
+        out.append("optimizer_in_backward: each parameter stepped in its gradient hook, its "
+                   "gradient freed at once - at most the largest parameter's gradient alive; "
+                   "MODELLED (the trace and the pilot run the plain step)")
+    if spec.activation_offloading:
+        out.append("activation_offloading: the decoder layers' saved activations in host "
+                   f"memory, {OFFLOAD_LAYERS_ON_DEVICE} layers' worth on the device; MODELLED "
+                   "(the trace and the pilot run without offloading)")
+    return out
+
+
+def offload_note(host_bytes: int) -> str:
+    from tunepilot.units import fmt_bytes
+
+    return ("cpu_offload (FSDP2 CPUOffloadPolicy): sharded parameters, gradients and optimizer "
+            f"state live in host memory, {fmt_bytes(host_bytes)} per rank (pinned), and the "
+            "optimizer steps on the CPU; on the device: each layer's unsharded parameters while "
+            "it computes, its gradients until they are reduce-scattered and copied out")
+
+
+def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
+    """The four phases of step 2+ and the validation pass, and the largest weight (what the
+    load holds besides)."""
+    cb, sb, _ = precision_bytes(spec)
+    tokens = spec.tokens_per_micro_batch
+    shard = spec.parallel.world_size if spec.parallel.strategy == "fsdp" else 1
+    saved, layer_ws = saved_activations(arch, spec, cb, sb, tokens)
+    casts_fwd = casts_bwd = 0
+    if spec.mixed and (spec.method.kind == "full" or spec.frozen_base_dtype == "fp32"):
+        # autocast casts each fp32 weight to 16 bit per matmul and caches the trainable ones
+        # until the forward ends; autograd saves the casts for the input gradients - unless the
+        # layer is checkpointed, then only lm_head's (outside the checkpointed layers) survives.
+        casts_fwd = 2 * (s.linear_weights + s.lm_head_weights) // shard
+        casts_bwd = casts_fwd if spec.activation_checkpointing == "none" else \
+            2 * s.lm_head_weights // shard
+    fp8_ws = 0
+    if spec.is_fp8:  # FP8's casts, saves, working set and all-gather (plan/analytic/fp8.py)
+        from tunepilot.plan.analytic.fp8 import fp8_terms
+
+        f8 = fp8_terms(spec, arch, cb, tokens, shard, s.linear_weights, casts_fwd)
+        saved += f8.saved_delta
+        casts_fwd += f8.casts_delta
+        if spec.activation_checkpointing == "none":
+            casts_bwd += f8.casts_delta
+        s.unsharded += f8.unsharded_delta
+        fp8_ws = f8.transient
+        s.notes += f8.notes
+    logits_kept, logits_transient = logits_bytes(arch, spec, cb, tokens)
+    layer_bwd = layer_backward_bytes(arch, spec, cb, tokens) if \
+        spec.activation_checkpointing == "none" else 0  # (checkpointed: the recompute's)
+    logits_fwd = logits_forward_bytes(arch, spec, cb, tokens)  # lm_head output + fp32 upcast
+    lp = _logprobs(spec, arch, cb)
+    if lp is not None:  # the DPO family / GRPO: log-probs of the labels (training/preference.py)
+        logits_kept, logits_transient, logits_fwd = lp["kept"], lp["backward"], lp["forward"]
+    linears = linear_modules(arch)
+    dequant = 2 * max(m.in_features * m.out_features for m in linears) \
+        if spec.method.kind == "qlora" else 0  # one linear dequantised to bf16 at a time
+    largest = max([m.numel * (m.count_per_layer if m.peft_kind == "parameter" else 1)
+                   for m in linears] + [s.lm_head_weights])  # fused experts: one tensor
+    acc_grads = s.grads if spec.gradient_accumulation_steps > 1 else 0
+    grads, optim_temp = s.grads, s.optim_temp
+    if spec.optimizer_in_backward:  # each gradient lives only until its parameter is stepped
+        _, _, pb = precision_bytes(spec)
+        grads = min(s.grads, pb * largest)
+        optim_temp = min(s.optim_temp, pb * largest)
+    states = (s.weights, s.master)
+    dora = variants.dora_transient(arch, spec)  # each DoRA forward's weight-sized temporaries
+    recompute = dora if spec.activation_checkpointing != "none" else 0
+    no_grad = no_grad_forward_bytes(spec, arch, cb, tokens, lp["reference"]) if lp else 0
+    phases = [
+        Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
+                   max(logits_fwd, dora, fp8_ws) + s.unsharded, s.buckets),
+        Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
+                   max(logits_transient, layer_bwd) + s.unsharded, s.buckets),
+        Phase.make("backward-end", *states, grads, s.optim, layer_ws,
+                   cb * largest + dequant + recompute + fp8_ws + s.unsharded + (
+                       optim_temp if grads < s.grads else 0), s.buckets),
+        Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
+        _validation_phase(spec, arch, s, cb, sb),
+    ]
+    phases = objective_phases(spec, arch, phases, states=(*states, acc_grads, s.optim),
+                              saved_and_kept=saved + casts_fwd + logits_kept, no_grad=no_grad,
+                              cb=cb, unsharded=s.unsharded, buckets=s.buckets)
+    return phases, largest
+
+
+def _logprobs(spec: RunSpec, arch: Arch, cb: int) -> dict | None:
+    """The log-prob terms of one micro-batch for the objectives tunepilot's loss takes
+    log-probs for (everything but SFT and a classification head)."""
+    if spec.objective.kind == "sft" or spec.model.task != "causal-lm":
+        return None
+    rows = spec.micro_batch_size * spec.objective.sequences_per_sample
+    return logprob_bytes(arch, spec, cb, rows)
+
+
+def _validation_phase(spec: RunSpec, arch: Arch, s: _States, cb: int, sb: int) -> Phase:
+    """The validation pass: a forward without gradients at the validation micro-batch. The
+    model states stay (gradients were freed by zero_grad(set_to_none=True)); nothing is saved
+    for backward; the transient is the larger of one layer's MLP intermediates (gate, up and
+    their product, or fc1 and its activation) and the loss's (the logits, their fp32 upcast and
+    the fp32 log-softmax, alive together, as the trace shows), plus FSDP's unsharded layers."""
+    rows = spec.validation_micro_batch_size * spec.objective.sequences_per_sample
+    tokens = rows * spec.sequence_length
+    mlp = no_grad_layer_bytes(arch, cb, tokens)
+    log_softmax, _ = logits_bytes(arch, spec, cb, tokens)
+    if variants.loss_bytes(arch, spec, cb, sb, tokens) is not None:
+        log_softmax = 0  # a loss kernel keeps nothing without gradients
+    loss = logits_forward_bytes(arch, spec, cb, tokens) + log_softmax
+    if spec.objective.paired and spec.model.task == "causal-lm":  # the DPO loss, no gradient
+        loss = logprob_bytes(arch, spec, cb, rows)["reference"]
+    transient = max(mlp, loss) + s.unsharded  # the layers' transients are gone at the loss
+    return Phase.make("validation", s.weights, s.master, 0, s.optim, 0, transient, s.buckets)
+
+
+def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
+    """Plan one device's memory for the spec, for a card whose software stack is `stack`."""
+    cb, _, _ = precision_bytes(spec)
+    params = split_params(arch, spec)
+    counts = task_counts(arch, spec)
+    N = spec.parallel.world_size
+    shard = N if spec.parallel.strategy == "fsdp" else 1
+    s = _parallelize(spec, _model_states(spec, arch, stack, params, counts), counts, cb)
+    phases, largest = _timeline(spec, arch, s)
+    load_peak = _load_peak(spec, counts, s.frozen_bytes, s.trainable_bytes, largest, shard)
+    peak = max(phases, key=lambda p: p.total_bytes)
+    notes = s.notes + _notes(spec, arch, stack, load_peak > peak.total_bytes)
+    notes.append(reserve_note(varied_shapes(spec), replayed=False))
+    return MemoryPlan(
+        fidelity="analytic", params=params,
+        per_device=per_device_figures(phases, s.buckets, stack, N, load_peak,
+                                      varied=varied_shapes(spec)), phases=phases,
+        peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
+        bytes_per_param=_bytes_per_param(params, s, shard),
+        tokens_per_micro_batch=spec.tokens_per_micro_batch,
+        tokens_per_optimizer_step=spec.tokens_per_optimizer_step, world_size=N,
+        strategy=spec.parallel.strategy, stack=stack, assumptions=notes)
+
+
+def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[str]:
+    notes = []
+    if spec.gradient_accumulation_steps > 1:
+        notes.append(f"gradient accumulation ({spec.gradient_accumulation_steps} micro-batches): "
+                     "gradients of earlier micro-batches stay alive through later forwards")
+    if load_sets_peak:
+        notes.append("loading the model sets the peak, not the training step "
+                     "(bf16 base loaded before quantization: method.quantize_on_load: false)")
+    if not arch.known_layout:
+        notes.append(f"model_type {arch.model_type!r} has no known layer layout: parameter "
+                     "counts are a llama-style estimate (use plan --trace for the real model)")
+    impl = spec.model.implementation
+    if impl != "transformers":
+        notes.append({
+            "litgpt": "model.implementation litgpt: its chunked cross-entropy, planned as a "
+                      "chunked loss",
+            "torchtune": "model.implementation torchtune: its layers and loss saved as "
+                         "transformers' (chunked_loss: its chunked loss)",
+            "torchtitan": "model.implementation torchtitan: its loss and layers saved as "
+                          "transformers' (eager)",
+            "megatron": "model.implementation megatron: fused bias-SwiGLU (saves 2 x i, not "
+                        "3 x i) and fused cross-entropy (no fp32 logits copy)",
+        }[impl] + "; the trace runs transformers' code and stands in for it")
+    from tunepilot.plan.analytic.activations import PYTHON_ACTIVATIONS, python_activation_saves
+
+    if arch.hidden_act in PYTHON_ACTIVATIONS:
+        extra = python_activation_saves(arch, spec)
+        notes.append(f"activation {arch.hidden_act}: " + (
+            f"transformers runs it as Python elementwise ops ({extra} more intermediate-sized "
+            "tensors saved per layer)" if extra else
+            f"{variants.fused_mlp(arch, spec)}'s fused GeGLU replaces it" if
+            variants.fused_mlp(arch, spec) else
+            f"{impl} calls the fused tanh GELU (its input saved only)"))
+    if spec.torch_compile:
+        notes.append("torch_compile: Inductor's partitioner recomputes pointwise ops - saved "
+                     "activations x 0.8, MODELLED (the trace runs eager; it cannot compile on "
+                     "fake tensors)")
+    notes += lever_notes(spec)
+    notes += objective_notes(spec, arch)
+    if spec.model.task == "sequence-classification":
+        notes.append(f"task sequence-classification: a {spec.model.num_labels}-label head on "
+                     "the last token - no vocabulary logits")
+    notes += variants.kernel_notes(arch, spec)
+    opt_impl = default_optimizer_impl(spec, stack)
+    if spec.optimizer.name in ("adamw", "paged_adamw", "sgd"):
+        notes.append(f"optimizer step: {opt_impl} implementation "
+                     + ("(one parameter-sized temporary)" if opt_impl == "foreach" else ""))
+    return notes
+
+
+def workspace_bytes(stack: str) -> int:
+    """Library workspaces (cuBLAS/cuBLASLt) taken from the caching allocator on `stack`: part
+    of the allocated peak (resources/runtime.yaml, measured)."""
+    rt = runtime_constants()
+    return int(rt["stacks"].get(stack, rt["stacks"]["cuda"])["library_workspace_bytes"])
+
+
+def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size: int,
+                       load_peak: int = 0, *, replay_slack_bytes: int | None = None,
+                       varied: bool = False) -> PerDevice:
+    """The per_device block shared by the analytic and the traced plan: each component's largest
+    size over the timeline; the allocated peak (the largest phase, or the model load when that
+    is larger, plus the library workspaces taken from the caching allocator); the reserved peak
+    (plan/reserve/core.py: the traced replay's slack, else the measured fixed-shape slack, plus the
+    varied-shapes term); the runtime outside the allocator (context, and the collective
+    library's buffers when world_size > 1)."""
+    from tunepilot.plan.reserve.core import reserve
+
+    rt = runtime_constants()
+    st = rt["stacks"].get(stack, rt["stacks"]["cuda"])
+    peak = max(phases, key=lambda p: p.total_bytes)
+    allocated = max(peak.total_bytes, load_peak) + workspace_bytes(stack)
+    transient = peak.total_bytes - peak.states_bytes
+    reserved = reserve(allocated, transient, replay_slack_bytes=replay_slack_bytes,
+                       varied=varied).reserved_bytes
+    overhead = st["context_bytes"]
+    if world_size > 1:
+        overhead += st["collective_bytes_per_rank_group"]
+
+    def largest(component: str) -> int:
+        return max(getattr(p, f"{component}_bytes") for p in phases)
+
+    return PerDevice(
+        weights_bytes=largest("weights"), gradients_bytes=largest("gradients"),
+        optimizer_bytes=largest("optimizer"), master_weights_bytes=largest("master_weights"),
+        activations_bytes=largest("activations"), temporary_bytes=largest("temporary"),
+        collective_buffers_bytes=buckets, allocated_peak_bytes=allocated,
+        reserved_peak_bytes=reserved, runtime_overhead_bytes=overhead,
+        device_peak_bytes=reserved + overhead, load_peak_bytes=load_peak)
+
+
+def _load_peak(spec: RunSpec, counts: ParamCounts, frozen_bytes: int, trainable_bytes: int,
+               largest_weight: int, shard: int) -> int:
+    """The model-load peak (lesson 8: loading can set the peak). Quantize-on-load (transformers +
+    bitsandbytes) holds the quantized model plus one bf16 tensor; quantize-after-load holds the
+    whole bf16 base for a moment. Under FSDP the ranks load the model a unit at a time (rank-0
+    or meta-device loading, as the FSDP recipes do: a unit materialised, flattened or chunked,
+    sharded): the shards loaded so far - none on the device with cpu_offload - plus two copies
+    of the largest unit (a decoder layer or the root's embeddings and lm_head)."""
+    stored = frozen_bytes + trainable_bytes
+    if shard > 1:
+        root = counts.embedding + counts.lm_head
+        per_param = stored / max(counts.total, 1)
+        unit = int(max(counts.per_layer, root) * per_param)
+        return (0 if spec.parallel.cpu_offload else stored // shard) + 2 * unit
+    if spec.method.kind == "qlora" and not spec.method.quantize_on_load:
+        return 2 * counts.total
+    return stored + 2 * largest_weight
+
+
+def _bytes_per_param(params: ParamSplit, s: _States, shard: int) -> dict[str, float]:
+    """Bytes per parameter by component, per the parameters they belong to (the worked example)."""
+    tr = max(params.trainable, 1)
+    total = max(params.total, 1)
+    return {
+        "weights_per_param": s.weights * shard / total,
+        "master_weights_per_trainable_param": s.master * shard / tr,
+        "gradients_per_trainable_param": s.grads * shard / tr,
+        "optimizer_per_trainable_param": s.optim * shard / tr,
+        "model_states_per_param": (s.weights + s.master + s.grads + s.optim) * shard / total,
+    }

@@ -1,0 +1,1 @@
+"""The allocator's reserve over the allocated peak: the caching allocator replayed, and its model."""

@@ -1,0 +1,218 @@
+"""Stand-ins for what a CPU trace cannot run, each with the memory behaviour of the real thing.
+
+    fake tensors   every parameter and buffer of a meta-built model as a FakeTensor (shapes,
+                   dtypes, aliasing; no data): the trace allocates nothing real
+    NF4            bitsandbytes is CUDA-only: frozen linears traced as 16-bit weights whose
+                   storage is counted as bitsandbytes lays out NF4 (packed codes + absmax), each
+                   matmul dequantising a weight-sized temporary in forward and again in backward
+    8-bit / paged  bitsandbytes optimizers: a stand-in holding the same state tensors
+    GradScaler     fp16 loss scaling without the data-dependent inf check
+    CUDA autocast  CUDA's float32 op list applied under CPU autocast
+    packing check  transformers' data-dependent test for packed rows, answered as the batch is
+Used by the traced plan (plan/trace/step.py) and its tests; importing this imports torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# bitsandbytes.optim.optimizer.Optimizer2State.init_state: 8-bit states for tensors with at least
+# min_8bit_size (4096) elements, one fp32 absmax per 256-element block per state; fp32 below.
+BNB_MIN_8BIT_SIZE = 4096
+BNB_STATE_BLOCK = 256
+# bitsandbytes.functional.quantize_4bit: NF4 codes packed two per byte, one absmax per 64 weights
+# (fp32; with double quant 8-bit + one fp32 per 256 absmax + a 256-entry fp32 code), a 16-entry
+# fp32 NF4 code per tensor.
+NF4_BLOCK = 64
+NF4_DQ_BLOCK = 256
+
+
+
+def nf4_parts(numel: int, double_quant: bool) -> list[int]:
+    """The device allocations bitsandbytes makes for one NF4 weight of `numel` elements."""
+    blocks = -(-numel // NF4_BLOCK)
+    parts = [-(-numel // 2), 16 * 4]  # packed codes (uint8), the NF4 code table (fp32)
+    if double_quant:
+        parts += [blocks, 4 * -(-blocks // NF4_DQ_BLOCK), 4, 256 * 4]  # uint8 absmax, absmax2,
+    else:  # offset, nested code
+        parts += [4 * blocks]
+    return parts
+
+
+class _NF4Matmul(torch.autograd.Function):
+    """bitsandbytes MatMul4Bit's memory behaviour on a stand-in 16-bit weight: the weight is
+    dequantised into a weight-sized 16-bit temporary for the forward matmul and again for the
+    input gradient; only the input is kept for backward (the frozen weight gets no gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        w = torch.empty_like(weight)  # dequantize_4bit(weight) -> (out, in) in compute dtype
+        out = torch.nn.functional.linear(x, w, bias)
+        del w
+        ctx.weight = weight
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        w = torch.empty_like(ctx.weight)
+        return grad @ w, None, None
+
+
+def _nf4_forward(self, x):
+    return _NF4Matmul.apply(x.to(self.weight.dtype), self.weight, self.bias)
+
+
+class BnbStandIn(torch.optim.Optimizer):
+    """bitsandbytes AdamW8bit / PagedAdamW8bit / PagedAdamW, for the trace (bitsandbytes is
+    CUDA-only): the same state tensors (Optimizer2State.init_state), updated in place by one
+    fused kernel, so the step adds no temporaries. Paged states live in CUDA managed memory,
+    outside the caching allocator; they are counted here as device memory (when resident)."""
+
+    def __init__(self, params, bits: int, lr: float = 1e-4):
+        super().__init__(params, {"lr": lr})
+        self.bits = bits
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    if self.bits == 8 and p.numel() >= BNB_MIN_8BIT_SIZE:
+                        blocks = -(-p.numel() // BNB_STATE_BLOCK)
+                        st["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+                        st["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+                        st["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                        st["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                    else:
+                        st["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        st["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                st["step"] += 1
+        return None
+
+
+
+
+class ScalerStandIn:
+    """GradScaler for fake tensors: scale, unscale (the foreach kernel, as the real one) and step
+    without GradScaler's found-inf check, which reads a value fake tensors do not have."""
+
+    def __init__(self, device: torch.device, scale: float = 65536.0):
+        self._scale = torch.full((), scale, device=device)
+        self._device = device
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]
+                 if p.grad is not None]
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            grads, torch.zeros(1, device=self._device), 1.0 / self._scale)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def update(self) -> None:
+        pass
+
+
+def quantized_linears(model: torch.nn.Module, spec) -> list[torch.nn.Linear]:
+    """The frozen nn.Linear layers bitsandbytes quantizes: every one but the adapters and (unless
+    method.quantize_lm_head) lm_head, as tunepilot.model.build._build_qlora does."""
+    out = []
+    for name, mod in model.named_modules():
+        if type(mod) is not torch.nn.Linear or ".lora_" in name:
+            continue
+        leaf = name.split(".")[-1]
+        base = name.split(".")[-2] if leaf == "base_layer" else leaf
+        if base != "lm_head" or spec.method.quantize_lm_head:
+            out.append(mod)
+    return out
+
+
+def emulate_nf4(model: torch.nn.Module, spec) -> dict[int, list[int]]:
+    """Turn the frozen nn.Linear layers bitsandbytes would quantize (every one but lm_head, unless
+    method.quantize_lm_head; as tunepilot.model.build._build_qlora does) into NF4 stand-ins;
+    id(weight) -> the allocations each stands for."""
+    parts: dict[int, list[int]] = {}
+    for mod in quantized_linears(model, spec):
+        mod.forward = _nf4_forward.__get__(mod)
+        parts[id(mod.weight)] = nf4_parts(mod.weight.numel(), spec.method.double_quant)
+    return parts
+
+
+def to_fake(model: torch.nn.Module, fake_mode) -> None:
+    """Replace every meta parameter and buffer by a fake CPU tensor of the same shape, stride and
+    dtype (tied weights stay tied)."""
+    memo: dict[int, torch.Tensor] = {}
+    with fake_mode:
+        for mod in model.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is None:
+                    continue
+                if id(p) not in memo:
+                    t = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="cpu")
+                    memo[id(p)] = torch.nn.Parameter(t, requires_grad=p.requires_grad)
+                mod._parameters[name] = memo[id(p)]
+            for name, b in list(mod._buffers.items()):
+                if b is not None:
+                    if id(b) not in memo:
+                        memo[id(b)] = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype,
+                                                          device="cpu")
+                    mod._buffers[name] = memo[id(b)]
+
+
+def unpacked_sequences():
+    """transformers checks position_ids for packed sequences (a data-dependent test) and, on
+    fake tensors, assumes they may be packed and builds a 4-D mask. tunepilot's batches are one
+    sequence per row (positions 0..s-1), which the real check finds: say so to transformers."""
+    import contextlib
+    from unittest import mock
+
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        return contextlib.nullcontext()
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+        return contextlib.nullcontext()
+    return mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda _ids: None)
+
+
+# CUDA autocast's float32 list (PyTorch docs, "CUDA Ops that can autocast to float32"), the ops
+# of it a decoder can call; CPU autocast leaves them in 16 bit, so on fake CPU tensors they are
+# cast here. (The 16-bit lists - matmuls, linear, SDPA - agree between CPU and CUDA.)
+_F = torch.nn.functional
+_T = torch.Tensor
+CUDA_AUTOCAST_FP32 = frozenset(f for f in (
+    torch.pow, _T.pow, _T.__pow__, _T.__rpow__, torch.rsqrt, _T.rsqrt, torch.exp, _T.exp,
+    torch.expm1, torch.log, _T.log, torch.log1p, torch.log2, torch.log10, torch.reciprocal,
+    _T.reciprocal, torch.acos, torch.asin, torch.cosh, torch.sinh, torch.tan, torch.erfinv,
+    _T.__rtruediv__, _T.__rdiv__, torch.softmax, _T.softmax, _F.softmax, torch.log_softmax,
+    _T.log_softmax, _F.log_softmax, _F.softmin, _F.softplus, torch.layer_norm, _F.layer_norm,
+    torch.group_norm, _F.group_norm, torch.sum, _T.sum, torch.prod, _T.prod, torch.cumsum,
+    _T.cumsum, torch.cumprod, _T.cumprod, torch.norm, _T.norm, _F.normalize, torch.dist,
+    torch.cdist, _F.cosine_similarity, _F.cross_entropy, _F.nll_loss, _F.mse_loss, _F.l1_loss,
+    _F.smooth_l1_loss, _F.kl_div, _F.binary_cross_entropy_with_logits, torch.renorm,
+) if f is not None)
+
+
+class CudaAutocastRules(torch.overrides.TorchFunctionMode):
+    """Under CPU autocast, run CUDA autocast's float32 ops in float32 as CUDA autocast does:
+    16-bit floating inputs cast to fp32 (copies autograd may save), the op run in fp32."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in CUDA_AUTOCAST_FP32 and torch.is_autocast_enabled("cpu"):
+            def up(x):
+                return x.float() if isinstance(x, torch.Tensor) and x.dtype in (
+                    torch.bfloat16, torch.float16) else x
+
+            args = tuple(up(a) for a in args)
+            kwargs = {k: up(v) for k, v in kwargs.items()}
+            with torch.autocast("cpu", enabled=False):
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)

@@ -1,0 +1,1 @@
+"""Processes tunepilot starts: the spawner, the fresh-process child, the typed messages that cross."""
