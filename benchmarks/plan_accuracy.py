@@ -1,4 +1,5 @@
-"""Plan each published, measured fine-tuning peak in shared/reference and print the signed error.
+"""Plan each published, measured fine-tuning peak (benchmarks/data/published_memory*.csv, each row with
+its source) and print the signed error.
 
 Like is compared with like: a row measured with max_memory_allocated (or active_bytes, about the
 same) against the plan's allocated peak; reserved against reserved; device-level (NVML) against
@@ -10,8 +11,8 @@ and printed after the SFT and the kernels' rows.
   --trace adds the traced plan's column (slower: one real traced step per row).
   The kernels' and adapter variants' published rows (Liger, PEFT's DoRA/rsLoRA, Unsloth's context
   table: benchmarks/kernel_rows.py) follow as their own table; --kernels-only prints just it.
-  benchmarks/published_memory_more.csv adds rows to shared/reference's (FSDP and FSDP-QLoRA
-  runs); a row the traced plan misses by more than 10% carries its cause (WHY), printed below.
+  benchmarks/data/published_memory_more.csv adds rows to published_memory.csv's (FSDP and
+  FSDP-QLoRA runs); a row the traced plan misses by more than 10% carries its cause (WHY), printed below.
 torch.compile, optimizer_in_backward and activation_offloading are modelled on top of the step
 (the trace runs the plain eager step), and said so in each plan. A row using a setting a spec
 cannot express would be planned without it, marked, and left out of the like-for-like median;
@@ -33,8 +34,7 @@ from tunepilot.plan.reserve.core import reserved_on_card
 from tunepilot.spec import spec_from_dict
 
 HERE = Path(__file__).resolve().parent
-REFERENCE = next(p / "shared" / "reference" for p in HERE.parents
-                 if (p / "shared" / "reference").exists())
+DATA = HERE / "data"  # every figure scored here, with its source (data/README.md)
 
 # Architectures of the two reference models that are not presets, from model_arch.csv and the
 # models' Hugging Face configs (microsoft/phi-1_5, stabilityai/stablelm-base-alpha-3b).
@@ -346,7 +346,7 @@ def main() -> int:
             print_kernel_rows(kernel_rows)
         return 0
     rows = []
-    for path in (REFERENCE / "published_memory.csv", HERE / "published_memory_more.csv"):
+    for path in (DATA / "published_memory.csv", DATA / "published_memory_more.csv"):
         with open(path, newline="") as f:
             rows += list(csv.DictReader(f))
     if args.only:
