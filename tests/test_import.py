@@ -57,7 +57,8 @@ def test_every_format_is_detected_imported_and_plans(name):
         assert spec.optimizer.name == opt
     # every key is either mapped or listed as ignored
     raw = read_config(path)
-    accounted = set(result.mapped) | set(result.ignored) | set(result.defaults)
+    accounted = set(result.mapped) | set(result.ignored) | set(result.defaults) | \
+        set(result.not_mapped) | set(result.no_effect)
     assert set(raw) == accounted, set(raw) ^ accounted
     assert not set(result.ignored) & set(result.mapped)
     plan = make_plan(spec, card_ids=["h100-sxm-80gb"], base_dir=path.parent)

@@ -28,7 +28,7 @@ def imported(name: str):
     raw = read_config(CONFIGS / name)
     assert not (KERNEL_KEYS & set(result.ignored)), result.ignored
     assert set(raw) <= set(result.mapped) | set(result.ignored) | set(result.defaults) | \
-        {k for k in raw if raw[k] in (None, False, "")}
+        set(result.not_mapped) | {k for k in raw if raw[k] in (None, False, "")}
     return result, result.spec
 
 

@@ -330,7 +330,8 @@ def _job(ctx: QuoteContext, card: Card, count: int, strategy: str):
     _fixed_terms(ctx, card, t)
     t.add("training", 1, Figure(value=target / total.value, unit="s", basis=total.basis,
                                 how=f"{target:,.0f} useful tokens / {total.value:,.0f} tokens/s"))
-    t.add("validation", steps // spec.validation.every_steps, _validation(ctx, card, useful, one))
+    passes = steps // spec.validation.every_steps if spec.validation.enabled else 0
+    t.add("validation", passes, _validation(ctx, card, useful, one))
     _checkpoint_terms(ctx, card, t, steps)
     job = Figure(value=sum(x.total.value for x in t.terms), unit="s",
                  basis=all_measured(*(x.total for x in t.terms)), how="sum of the terms")

@@ -139,10 +139,10 @@ def parse_duration(hours: str | None, days: str | None, *, required: bool = True
 
 
 def check_count(count: int) -> int:
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise UserError("count", f"must be a whole number of cards >= 1, got {count!r}.",
-                        "E.g. --count 1 or --count 8.")
-    return count
+    """A card count from a flag: 1 .. limits.MAX_CARDS (the one bound on counts of cards)."""
+    from tunepilot.limits import check_cards
+
+    return check_cards(count)
 
 
 def parse_options(card: Card, texts: list[str] | tuple[str, ...] | None) -> dict[str, Decimal]:

@@ -230,6 +230,10 @@ def _validate(s: Session) -> None:
 
     spec = s.pilot_spec
     n = spec.validation.num_batches
+    if not spec.validation.enabled:
+        s.m.notes.append("no validation pass: the spec turns validation off (validation."
+                         "enabled false)")
+        return
     if spec.objective.generative:
         s.m.notes.append("no validation pass: GRPO/RLOO evaluate by generating (TRL's eval "
                          "generates and scores completions); the generation phase is measured")

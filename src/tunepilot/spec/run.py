@@ -13,14 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tunepilot.errors import SpecError, UserError, did_you_mean
 from tunepilot.spec.kernels import KernelSpec
@@ -205,6 +198,7 @@ class DataSpec(_Strict):
 
 
 class ValidationSpec(_Strict):
+    enabled: bool = True  # False: never validates (val_set_size 0): none planned or billed
     every_steps: int = Field(default=500, gt=0, le=10**12)
     num_batches: int = Field(default=20, gt=0, le=10**6)
     micro_batch_size: int | None = Field(default=None, gt=0, le=2**20)

@@ -25,33 +25,44 @@ def read_yaml_mapping(path: str | Path, what: str = "spec") -> dict:
                         "Check the path, or start from one of the files in examples/.")
     if p.is_dir():
         raise SpecError(None, f"{what} path {str(p)!r} is a directory, not a YAML file.")
+    from tunepilot.limits import Refused, read_capped
+
     try:
-        if p.stat().st_size > MAX_SPEC_BYTES:
-            raise SpecError(None, f"{p.name} is {p.stat().st_size:,} bytes; a {what} is a few "
-                            f"KiB (limit {MAX_SPEC_BYTES:,}).", "Check it is the right file.")
-        text = p.read_text(encoding="utf-8")
+        text = read_capped(p, MAX_SPEC_BYTES).decode("utf-8")
+    except Refused as exc:
+        raise SpecError(None, f"{p.name} {exc}; a {what} is a YAML file of a few KiB.",
+                        "Check it is the right file.") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(None, f"cannot read {what} file {str(p)!r}: {str(exc)[:200]}.",
                         "It must be a UTF-8 YAML file.") from None
+    return parse_yaml_mapping(text, p.name, what)
+
+
+def parse_yaml_mapping(text: str, name: str, what: str = "spec") -> dict:
+    """``text`` as read_yaml_mapping reads a file (``name`` in the messages): the one parser
+    of specs, also the check `import` makes on the spec it is about to write."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(None, f"{name} is {len(text):,} characters; a {what} is a few KiB "
+                        f"(limit {MAX_SPEC_BYTES:,}).", "Check it is the right file.")
     try:
         data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(None, f"{p.name} is not valid YAML{where}: {str(problem)[:200]}.",
+        raise SpecError(None, f"{name} is not valid YAML{where}: {str(problem)[:200]}.",
                         "Fix the YAML syntax (indentation, a missing ':' or quote).") from None
     except RecursionError:
-        raise SpecError(None, f"{p.name} is nested too deeply to be a {what}.") from None
+        raise SpecError(None, f"{name} is nested too deeply to be a {what}.") from None
     except ValueError as exc:  # e.g. an integer of thousands of digits
-        raise SpecError(None, f"{p.name} holds a value YAML cannot read: {str(exc)[:120]}.",
+        raise SpecError(None, f"{name} holds a value YAML cannot read: {str(exc)[:120]}.",
                         "Numbers in a spec are ordinary sizes and rates.") from None
-    _check_size(data, p.name, what)
+    _check_size(data, name, what)
     if data is None:
-        raise SpecError(None, f"{p.name} is empty.", "A spec needs at least 'model: {preset: "
+        raise SpecError(None, f"{name} is empty.", "A spec needs at least 'model: {preset: "
                         "...}'." if what == "spec" else None)
     if not isinstance(data, dict):
-        raise SpecError(None, f"{p.name} must be a YAML mapping of fields, got "
+        raise SpecError(None, f"{name} must be a YAML mapping of fields, got "
                         f"{type(data).__name__}.", "Start from one of the files in examples/.")
     return data
 

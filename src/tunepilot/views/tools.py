@@ -22,6 +22,9 @@ def render_import(result, out: Path | None) -> None:
     if result.defaults:
         console.print("read, spec default kept (off/empty in the config): "
                       + escape(", ".join(result.defaults)))
+    if result.not_mapped:
+        console.print("read, set in the config, spec default kept (the notes say more): "
+                      + escape(", ".join(result.not_mapped)))
     if result.no_effect:
         console.print("read, no effect on memory or time: "
                       + escape(", ".join(result.no_effect)))

@@ -17,9 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunepilot.errors import UserError
+from tunepilot.errors import SpecError, UserError
 from tunepilot.integrations.importers import axolotl, llamafactory, trl
-from tunepilot.integrations.importers.common import ImportResult, Mapper, number, relative_to
+from tunepilot.integrations.importers.common import (
+    ImportResult,
+    Mapper,
+    is_off,
+    number,
+    relative_to,
+    truthy,
+)
 
 FORMATS = ("axolotl", "llamafactory", "trl", "hf")
 _YAML_LIMIT_BYTES = 4 << 20
@@ -98,28 +105,42 @@ def import_config(path: Path, source: str | None = None,
     ignored = m.check_typos()
     name = path.stem
     spec_dict = {"name": f"{name}", **m.spec}
-    spec = spec_from_dict(spec_dict, source=f"{path.name} (imported from {source})")
-    _check_lora_targets(m, spec, path)
-    defaults = [k for k in raw if k in m.used and k not in m.mapped
-                and k not in m.no_effect_keys]
-    no_effect = [k for k in raw if k in m.no_effect_keys and k not in m.mapped]
-    return ImportResult(source, str(path), spec_dict, dict(m.mapped), ignored, defaults, m.notes,
-                        spec, no_effect)
-
-
-def _check_lora_targets(m: Mapper, spec, path: Path) -> None:
-    """The LoRA targets must be linear layers of this model - the check the plan makes, made
-    here so that import never writes a spec the plan refuses; the error names the config's key."""
-    from tunepilot.errors import SpecError
-    from tunepilot.model.arch import lora_targets, resolve_arch
-
-    if not spec.method.is_lora:
-        return
     try:
-        lora_targets(resolve_arch(spec, path.parent), spec.method.lora_targets)
+        spec = spec_from_dict(spec_dict, source=f"{path.name} (imported from {source})")
     except SpecError as exc:
-        keys = [k for k, f in m.mapped.items() if f == "method.lora_targets"]
-        m.fail(keys[0] if keys else None, exc.message, exc.hint)
+        _refuse_as_config(m, exc)
+    _check_plannable(m, spec, path)
+    read = [k for k in raw if k in m.used and k not in m.mapped and k not in m.no_effect_keys]
+    no_effect = [k for k in raw if k in m.no_effect_keys and k not in m.mapped]
+    return ImportResult(source, str(path), spec_dict, dict(m.mapped), ignored,
+                        [k for k in read if is_off(raw[k])], m.notes, spec, no_effect,
+                        [k for k in read if not is_off(raw[k])])
+
+
+def _refuse_as_config(m: Mapper, exc: SpecError) -> None:
+    """A spec field the config set that the spec (or the plan) refuses: the same message,
+    naming the config's key it came from - import never writes a spec `plan` refuses."""
+    field = exc.field or ""
+    keys = [k for k, f in m.mapped.items() if f == field or field.startswith(f + ".")
+            or f.startswith(field + ".")]
+    where = f"{keys[0]} (the spec's {field})" if keys else (field or None)
+    m.fail(where, exc.message, exc.hint)
+
+
+def _check_plannable(m: Mapper, spec, path: Path) -> None:
+    """What `plan` checks before it sizes anything - the LoRA targets are linear layers of this
+    model, modules_to_save are modules it can size, the objective's lengths fit - made here, on
+    the analytic plan (no torch), so that import never writes a spec the plan refuses."""
+    from tunepilot.model.arch import lora_targets, resolve_arch
+    from tunepilot.plan.analytic.core import analytic_plan
+
+    try:
+        arch = resolve_arch(spec, path.parent)
+        if spec.method.is_lora:
+            lora_targets(arch, spec.method.lora_targets)
+        analytic_plan(spec, arch, "cuda")
+    except SpecError as exc:
+        _refuse_as_config(m, exc)
 
 
 def _converters() -> dict[str, tuple[Any, set[str], Any]]:
@@ -142,6 +163,7 @@ def _finish(m: Mapper, options: ImportOptions) -> None:
         m.spec["parallel"] = {"strategy": "ddp", "devices": options.devices}
         m.note(f"--devices {options.devices}: planned as DDP")
     _schedule(m)
+    _tf32(m)
     if m.spec.get("data", {}).get("source") in (None, "synthetic"):
         _data_keys_unused(m)
     steps = m.spec.pop("_max_steps", None)
@@ -178,16 +200,62 @@ def _schedule(m: Mapper) -> None:
         if not math.isfinite(n) or n < least or n != int(n) or n > 10**12:
             m.fail(key, f"is {value!r}: it must be a whole number from {least} to 10^12.")
         m.set(dotted, int(n), key)
+    evaluates = _evaluation(m)
     for key, steps_key, dotted in (
             ("save_strategy", "save_steps", "checkpoint.every_steps"),
             ("eval_strategy", "eval_steps", "validation.every_steps"),
             ("saves_per_epoch", "save_steps", "checkpoint.every_steps"),
             ("evals_per_epoch", "eval_steps", "validation.every_steps")):
         value = m.get(key)
+        if dotted.startswith("validation") and not evaluates:
+            continue
         per_epoch = key.endswith("_per_epoch") and value is not None
         if (per_epoch and not m.has(steps_key)) or str(value).lower() in ("no", "epoch"):
             m.note(f"{key} {value!r}: planned with {dotted} (a pass every so many steps); set "
                    "it from your run's steps per epoch")
+
+
+def _tf32(m: Mapper) -> None:
+    """tf32: true lets fp32 matmuls use TF32 tensor cores: no effect on memory; the quote
+    prices an fp32 run at the fp32 peak (model/flops.py peak_precision), an upper bound on its
+    time with TF32 on."""
+    if not truthy(m.get("tf32")):
+        return
+    precision = m.spec.get("precision", "fp32")
+    m.note("tf32: true - fp32 matmuls on TF32 tensor cores: no effect on memory; " + (
+        "the quote prices this fp32 run at the fp32 peak, so its time is an upper bound"
+        if precision == "fp32" else f"precision {precision} runs the matmuls in 16 or 8 bit, "
+        "so TF32 touches only the few fp32 ones (not modelled)"))
+
+
+def _evaluation(m: Mapper) -> bool:
+    """Whether the run evaluates at all; when it does not, validation is turned off in the
+    spec (no validation pass planned, piloted or billed). axolotl evaluates when val_set_size
+    > 0 (its default is 0) or test_datasets are given; LLaMA-Factory, TRL and TrainingArguments
+    when eval_strategy is steps or epoch (TrainingArguments' default is no)."""
+    strategy = m.get("eval_strategy")
+    if strategy is None:
+        strategy = m.get("evaluation_strategy")  # TrainingArguments' name before 4.46
+    off = str(strategy).lower() == "no"
+    if m.source == "axolotl":
+        size = number(m, "val_set_size", float, least=0)
+        tests = m.get("test_datasets")
+        if not off and (size or tests):
+            m.maps("validation.enabled", "val_set_size", "test_datasets")
+            return True
+        why = "eval_strategy no" if off else (
+            f"val_set_size {size:g}" if size is not None else "no val_set_size (axolotl's "
+            "default 0)") + " and no test_datasets"
+        keys = ("val_set_size", "test_datasets", "eval_strategy")
+    else:
+        if strategy is not None and not off:
+            return True
+        why = "eval_strategy no" if off else "no eval_strategy (TrainingArguments' default no)"
+        keys = ("eval_strategy", "evaluation_strategy")
+    m.set("validation.enabled", False, *keys)
+    m.note(f"{why}: the run does no evaluation - validation off (no validation pass planned "
+           "or billed)")
+    return False
 
 
 # Keys that describe the dataset (how it is split, packed, templated and labelled): they shape
@@ -228,9 +296,44 @@ def write_spec(result: ImportResult, out: Path) -> None:
             if data.get(key):
                 data[key] = relative_to(data[key], base, out_dir)
         spec["data"] = data
-    head = [f"# imported by `tunepilot import` from {result.path} ({result.source} config)"]
-    head += [f"# note: {n}" for n in result.notes]
+    head = [f"imported by `tunepilot import` from {result.path} ({result.source} config)"]
+    head += [f"note: {n}" for n in result.notes]
     if result.ignored:
-        head.append("# ignored (not modelled): " + ", ".join(result.ignored))
+        head.append("ignored (not modelled): " + ", ".join(result.ignored))
     body = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
-    atomic_write_bytes(out, ("\n".join(head) + "\n" + body).encode())
+    text = "".join(f"# {_comment(line)}\n" for line in head) + body
+    _check_written(text, spec, out)
+    atomic_write_bytes(out, text.encode("utf-8"))
+
+
+def _comment(text: str) -> str:
+    """One comment line: characters YAML does not allow in a stream (NUL, other controls, lone
+    surrogates) and line breaks, which would end the comment, escaped as \\xNN / \\uNNNN."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if code < 0x20 or code == 0x7F or 0x80 <= code < 0xA0 or code in (0x2028, 0x2029) or \
+                0xD800 <= code <= 0xDFFF or code in (0xFEFF, 0xFFFE, 0xFFFF):
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _check_written(text: str, spec: dict, out: Path) -> None:
+    """Read the spec about to be written back through the spec reader - it must parse, be the
+    very spec imported, and validate - before anything is written (exit 0 means usable)."""
+    from tunepilot.spec import spec_from_dict
+    from tunepilot.spec.yaml_input import parse_yaml_mapping
+
+    try:
+        again = parse_yaml_mapping(text, out.name)
+        spec_from_dict(again, source=out.name)
+    except UserError as exc:
+        raise UserError("--out", f"the spec import would write does not read back ({exc}); "
+                        "nothing was written.", "Report this with the config: it is a bug "
+                        "in tunepilot's importer.") from None
+    if again != spec:
+        raise UserError("--out", "the spec import would write reads back differently from the "
+                        "imported one; nothing was written.", "Report this with the config: "
+                        "it is a bug in tunepilot's importer.")

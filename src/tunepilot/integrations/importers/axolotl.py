@@ -26,6 +26,7 @@ from tunepilot.integrations.importers.common import (
     optimizer,
     scheduler,
     truthy,
+    value_number,
 )
 from tunepilot.integrations.importers.objectives import set_kind, trl_keys
 
@@ -207,9 +208,10 @@ def _objective(m: Mapper) -> None:
         m.fail("rl", f"{rl!r} is not an objective tunepilot models.",
                f"Use one of {', '.join(_RL)} (axolotl's RLType).")
     set_kind(m, kind, "rl")
-    beta = m.get("orpo_alpha") if kind == "orpo" and m.has("orpo_alpha") else m.get("rl_beta")
+    beta_key = "orpo_alpha" if kind == "orpo" and m.has("orpo_alpha") else "rl_beta"
+    beta = number(m, beta_key, float)
     if beta is not None:
-        m.set("objective.beta", float(beta), "rl_beta", "orpo_alpha")
+        m.set("objective.beta", beta, "rl_beta", "orpo_alpha")
     if truthy(m.get("rl_adapter_ref_model")) and kind not in ("orpo", "simpo"):
         m.set("objective.reference", "copy", "rl_adapter_ref_model")
     if truthy(m.get("precompute_ref_log_probs")):
@@ -225,18 +227,21 @@ def _objective(m: Mapper) -> None:
         if key == "vllm_mode" and server:
             return "server"
         if key == "vllm_tensor_parallel_size" and server and isinstance(vllm, dict):
-            return (vllm.get("tensor_parallel_size") or 1) * (vllm.get("data_parallel_size")
-                                                              or 1)
+            tp = value_number(m, "vllm.tensor_parallel_size",
+                              vllm.get("tensor_parallel_size"), least=1)
+            dp = value_number(m, "vllm.data_parallel_size", vllm.get("data_parallel_size"),
+                              least=1)
+            return (tp or 1) * (dp or 1)
         return block.get(key)
 
-    trl_keys(m, kind, get=get)
+    trl_keys(m, kind, get=get, where=lambda k: f"trl.{k}")
     if server:
         m.mapped["vllm"] = "objective.generation.server_devices"
         m.note("trl.use_vllm without vllm_mode: axolotl serves vLLM on cards of its own "
                "(`axolotl vllm-serve`): vllm.tensor_parallel_size x data_parallel_size of them")
     if block:
         m.mapped["trl"] = "objective"
-    prompt = number(m, "max_prompt_len")
+    prompt = number(m, "max_prompt_len", least=1)
     seq = m.spec.get("sequence_length", 2048)
     o = m.spec.setdefault("objective", {})
     if kind == "grpo":
@@ -358,12 +363,17 @@ def _data(m: Mapper) -> None:
         data["train_on"] = "all" if train_inputs else "completions"
     template = m.get("chat_template")
     if template and data["format"] != "text":
-        if template in _TEMPLATES:
+        if isinstance(template, str) and template in _TEMPLATES:
             data["chat_template"] = _TEMPLATES[template]
         else:
             m.note(f"chat_template {template!r}: rendered with the tokenizer's own template")
     if truthy(m.get("sample_packing")):
         data["packing"] = True
+    if truthy(m.get("pad_to_sequence_len")):
+        m.note("pad_to_sequence_len: true pads every micro-batch to sequence_len: the plan's "
+               "memory is at sequence_len already; the data profile pads a batch to its longest "
+               "sample only, so the quote's positions per step are a lower bound unless "
+               "sample_packing fills the batches")
     m.set("data", data, "datasets", "train_on_inputs", "chat_template", "sample_packing")
 
 
@@ -398,6 +408,8 @@ def _target(m: Mapper) -> None:
                "positions on one device; set target.tokens for useful tokens)")
         m.spec["_max_steps"] = steps
         m.used.add("max_steps")
+        if epochs is not None:
+            m.note(f"num_epochs {epochs:g}: max_steps {steps} overrides it (as in axolotl)")
     elif epochs and not synthetic:
         m.set("target.epochs", epochs, "num_epochs")
     elif epochs:

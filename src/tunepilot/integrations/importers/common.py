@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,11 +49,15 @@ class ImportResult:
     spec: Any = None  # the validated RunSpec
     no_effect: list[str] = field(default_factory=list)
     """read, and known not to change memory or time (loss coefficients, sampling, logging)"""
+    not_mapped: list[str] = field(default_factory=list)
+    """read and set (not off/empty) in the config, the spec's default kept: its value is what
+    tunepilot models anyway (stage: sft), or a note says why it changes nothing (tf32)"""
 
     def to_dict(self) -> dict:
         return {"source": self.source, "path": self.path, "spec": self.spec_dict,
                 "mapped": self.mapped, "ignored": self.ignored,
-                "defaults": self.defaults, "notes": self.notes, "no_effect": self.no_effect}
+                "defaults": self.defaults, "notes": self.notes, "no_effect": self.no_effect,
+                "not_mapped": self.not_mapped}
 
 
 class Mapper:
@@ -129,6 +135,16 @@ class Mapper:
         return ignored
 
 
+def is_off(value: Any) -> bool:
+    """A config value that turns its feature off or leaves it empty: the spec's default is
+    what the trainer does (null, false, 0, "", "no", "none", an empty list or mapping)."""
+    if value is None or value is False or (isinstance(value, int | float) and value == 0):
+        return not (isinstance(value, float) and value != value)
+    if isinstance(value, str):
+        return value.strip().lower() in ("", "false", "no", "none", "null", "0")
+    return isinstance(value, list | dict) and not value
+
+
 def truthy(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.lower() in ("true", "auto", "yes"))
 
@@ -201,17 +217,96 @@ def scheduler(m: Mapper, key: str, name: Any) -> None:
     m.set("scheduler.kind", kind, key)
 
 
-def number(m: Mapper, key: str, kind: type = int) -> Any:
+_NUMBER_TEXT = re.compile(r"^[-+]?(\d[\d_]*)?(\.\d*)?([eE][-+]?\d+)?$")
+# the largest whole number a config key may hold: past 2^53 a float no longer holds every
+# integer, and no batch, rank, step or token count is near it
+MAX_CONFIG_INT = 1 << 53
+
+
+def parse_number(value: Any, where: str, kind: type = int, *, least: float | None = None,
+                 most: float | None = None) -> int | float:
+    """The one reading of a number in a trainer's config, for every importer: an int or a
+    float, or text the trainer would parse as one ("5e-5": PyYAML reads that as a string); a
+    whole number where ``kind`` is int (2.7 is not 2, 2.0 is 2), finite, between ``least`` and
+    ``most``. true/false, a list, NaN or infinity are refused: UserError naming ``where``."""
+    shown = repr(value[:40]) if isinstance(value, str) else reprlib.repr(value)
+    what = "a whole number" if kind is int else "a number"
+    got: float | int | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        got = value
+    elif isinstance(value, str) and len(value) <= 64:
+        text = value.strip()
+        if _NUMBER_TEXT.match(text) and any(c.isdigit() for c in text):
+            try:
+                got = int(text) if re.fullmatch(r"[-+]?\d+", text) else float(text)
+            except (ValueError, OverflowError):
+                got = None
+    if got is None:
+        raise UserError(where, f"is {shown[:60]}, not {what}.",
+                        "Write it as a plain number (e.g. 8, 0.05, 5e-5).")
+    if isinstance(got, float) and not math.isfinite(got):
+        raise UserError(where, f"is {shown[:60]}: {what} must be finite.",
+                        "Write the number the run uses.")
+    if kind is int:
+        if isinstance(got, float) and got != int(got):
+            raise UserError(where, f"is {shown[:60]}, not a whole number.",
+                            "The trainer takes a count here: write it without a fraction.")
+        if abs(got) > MAX_CONFIG_INT:
+            raise UserError(where, f"is {shown[:60]}: larger than any count a run has "
+                            f"(at most {MAX_CONFIG_INT:,}).", "Check the value.")
+        out: int | float = int(got)
+    else:
+        try:
+            out = float(got)
+        except OverflowError:
+            raise UserError(where, f"is {shown[:60]}: too large to be a rate or a ratio.",
+                            "Check the value.") from None
+    if least is not None and out < least:
+        raise UserError(where, f"is {out:g}: it must be at least {least:g}.", None)
+    if most is not None and out > most:
+        raise UserError(where, f"is {out:g}: it must be at most {most:g}.", None)
+    return out
+
+
+def number(m: Mapper, key: str, kind: type = int, *, least: float | None = None,
+           most: float | None = None) -> Any:
+    """The top-level ``key`` of the config as a number (parse_number), None when unset."""
     value = m.get(key)
     if value is None:
         return None
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        out = kind(value)
-    except (TypeError, ValueError):
-        m.fail(key, f"is {value!r}, not a {'whole number' if kind is int else 'number'}.")
-    return out
+    return parse_number(value, f"{m.path.name}: {key}", kind, least=least, most=most)
+
+
+def value_number(m: Mapper, where: str, value: Any, kind: type = int, *,
+                 least: float | None = None, most: float | None = None) -> Any:
+    """A number found inside a block of the config (``where``: e.g. trl.num_generations)."""
+    if value is None:
+        return None
+    return parse_number(value, f"{m.path.name}: {where}", kind, least=least, most=most)
+
+
+def text(m: Mapper, key: str, default: str | None = None) -> str | None:
+    """The top-level ``key`` as a string (a name, a path, a mode), None when unset; a number,
+    a list or a mapping there is refused naming the key."""
+    value = m.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        m.fail(key, f"is {str(value)[:60]}, not a name or a path.")
+    return str(value)
+
+
+def config_path(m: Mapper, key: str, value: Any) -> Path:
+    """A path the config names (a dataset directory, a DeepSpeed JSON), relative to the
+    config's own directory; a non-string or a path no file system can hold is refused."""
+    if not isinstance(value, str) or not value.strip():
+        m.fail(key, f"is {str(value)[:60]}, not a path.",
+               "Write the path as a string, relative to the config's directory or absolute.")
+    if "\x00" in value or len(value) > 4096:
+        m.fail(key, "is not a path a file system can hold (a NUL character, or over 4096 "
+               "characters).")
+    p = Path(value)
+    return p if p.is_absolute() else m.path.parent / p
 
 
 def lora_targets(value: Any) -> list[str] | str | None:
@@ -228,22 +323,33 @@ def lora_targets(value: Any) -> list[str] | str | None:
 
 def deepspeed_strategy(m: Mapper, key: str, value: Any) -> None:
     """A DeepSpeed config: ZeRO-3 shards like FSDP full shard; ZeRO-1/2 shard the optimizer
-    state only (planned as DDP, an upper bound)."""
-    conf = value
+    state only (planned as DDP, an upper bound). ``value`` is the config itself (a mapping) or
+    the path of its JSON file; a file that cannot be read falls back to the stage its name says
+    (zero3.json), a stage that is not 0-3 is refused naming the key."""
+    conf: Any = value
     if isinstance(value, str):
-        p = Path(value) if Path(value).is_absolute() else m.path.parent / value
-        stage = re.search(r"zero[_-]?(\d)", value.lower())
-        conf = None
-        if p.is_file():
-            try:
-                conf = json.loads(p.read_text())
-            except (OSError, ValueError):
-                conf = None
+        p = config_path(m, key, value)
+        named = re.search(r"zero[_-]?(\d)", value.lower())
+        conf = _deepspeed_file(m, key, p)
         if conf is None:
-            conf = {"zero_optimization": {"stage": int(stage.group(1)) if stage else 0}}
-    zero = (conf or {}).get("zero_optimization", {}) if isinstance(conf, dict) else {}
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    offload = isinstance(zero, dict) and isinstance(zero.get("offload_param"), dict) and \
+            conf = {"zero_optimization": {"stage": int(named.group(1)) if named else 0}}
+            m.note(f"{key}: {value} is not a readable file here: planned as ZeRO-"
+                   f"{conf['zero_optimization']['stage']} (from its name)")
+    if not isinstance(conf, dict):
+        m.fail(key, f"is {str(value)[:60]}, not a DeepSpeed config (a mapping, or the path of "
+               "its JSON file).")
+    zero = conf.get("zero_optimization", {})
+    if zero is None:
+        zero = {}
+    if not isinstance(zero, dict):
+        m.fail(f"{key}.zero_optimization", f"is {str(zero)[:60]}, not a mapping of ZeRO "
+               "settings.", "E.g. zero_optimization: {stage: 3}.")
+    stage = zero.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3, "0", "1", "2", "3"):
+        m.fail(f"{key}.zero_optimization.stage", f"is {str(stage)[:40]!r}, not a ZeRO stage.",
+               "DeepSpeed's stages are 0, 1, 2 and 3.")
+    stage = int(stage)
+    offload = isinstance(zero.get("offload_param"), dict) and \
         zero["offload_param"].get("device") == "cpu"
     if stage == 3:
         m.set("parallel.strategy", "fsdp", key)
@@ -256,6 +362,24 @@ def deepspeed_strategy(m: Mapper, key: str, value: Any) -> None:
                "upper bound on the per-rank memory)")
 
 
+def _deepspeed_file(m: Mapper, key: str, p: Path) -> Any:
+    """The DeepSpeed JSON at ``p`` (size- and depth-bounded); None when there is no such file;
+    a file that is there but not a readable DeepSpeed config is refused naming ``key``."""
+    from tunepilot.limits import Refused, load_json_capped
+    from tunepilot.spec.yaml_input import MAX_SPEC_BYTES
+
+    try:
+        return load_json_capped(p, MAX_SPEC_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except Refused as exc:
+        m.fail(key, f"{p.name} {exc}: not a DeepSpeed config.",
+               "Point it at the run's ds_config JSON.")
+    except OSError as exc:
+        m.fail(key, f"{p.name} cannot be read ({exc.strerror or exc}).")
+    return None
+
+
 class DataUnavailable(UserError):
     """The config's dataset is not readable offline (see Mapper.data_unavailable)."""
 
@@ -264,15 +388,17 @@ def local_data(m: Mapper, path_value: str, *, fmt: str | None, fields: dict, tok
                | None, key: str) -> dict | None:
     """A local dataset -> the spec's data section (format peeked from the first row when the
     trainer infers it); None when ``path_value`` is not a local path (a hub dataset)."""
-    p = Path(path_value)
-    if not p.is_absolute():
-        p = m.path.parent / p
+    p = config_path(m, key, path_value)
     if not p.exists():
         return None
     if p.is_dir():
         source = "hf-disk"
     else:
         source = {".parquet": "parquet", ".arrow": "arrow"}.get(p.suffix.lower(), "jsonl")
+    bad = [k for k, v in fields.items() if v is not None and not isinstance(v, str)]
+    if bad:
+        m.fail(key, f"names the dataset's {bad[0].removesuffix('_field')} field as "
+               f"{str(fields[bad[0]])[:40]}, not a column name.")
     data = {"source": source, "path": path_value}
     data.update({k: v for k, v in fields.items() if v})
     data["format"] = fmt or _peek_format(p, source, fields) or "text"
@@ -287,13 +413,14 @@ def local_data(m: Mapper, path_value: str, *, fmt: str | None, fields: dict, tok
 def _peek_format(p: Path, source: str, fields: dict) -> str | None:
     if source != "jsonl":
         return None
+    from tunepilot.limits import read_capped, read_head
+
     try:
-        with open(p, "rb") as fh:
-            head = fh.read(1 << 16).lstrip()
+        head = read_head(p, 1 << 16).lstrip()
         first = json.loads(head.splitlines()[0]) if not head.startswith(b"[") else \
-            json.loads(p.read_bytes())[0]
-    except (OSError, ValueError, IndexError, KeyError):
-        return None
+            json.loads(read_capped(p))[0]
+    except (OSError, ValueError, IndexError, KeyError, RecursionError):
+        return None  # read_head's Refused is a ValueError; the data stage names the problem
     if not isinstance(first, dict):
         return None
     if "chosen" in first and "rejected" in first:

@@ -14,12 +14,12 @@ base with the adapters disabled unless ``ref_model`` names one (a copy).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
+    config_path,
     deepspeed_strategy,
     fp8_precision,
     local_data,
@@ -112,6 +112,9 @@ def convert(m: Mapper) -> None:
     steps, epochs = number(m, "max_steps"), number(m, "num_train_epochs", float)
     if steps and steps > 0:
         m.spec["_max_steps"] = steps
+        if epochs is not None:
+            m.note(f"num_train_epochs {epochs:g}: max_steps {steps} overrides it (as in the "
+                   "Trainer)")
     elif epochs and m.spec.get("data"):
         m.set("target.epochs", epochs, "num_train_epochs")
     elif epochs:
@@ -182,6 +185,13 @@ def _method(m: Mapper) -> None:
     if kind not in ("full", "lora"):
         m.fail("finetuning_type", f"{kind!r} is not full, freeze or lora.")
     bits = number(m, "quantization_bit")
+    if bits is not None and bits not in _QUANT_BITS:
+        m.fail("quantization_bit", f"is {bits}: LLaMA-Factory quantizes the base to "
+               f"{', '.join(map(str, _QUANT_BITS))} bits.", "tunepilot plans 4 as QLoRA and 8 "
+               "as a 16-bit base; remove the key for an unquantized base.")
+    if bits is not None and bits not in (4, 8):
+        m.fail("quantization_bit", f"is {bits}: only 4-bit (QLoRA, bitsandbytes NF4) and 8-bit "
+               "bases are modelled.", "Use quantization_bit 4 (or 8), or remove it.")
     m.used.add("quantization_method")
     if kind == "full":
         m.set("method.kind", "full", "finetuning_type")
@@ -201,6 +211,25 @@ def _method(m: Mapper) -> None:
           "lora_target")
     if qlora and truthy(m.get("double_quantization", True)):
         m.set("method.double_quant", True, "double_quantization")
+
+
+def _dataset_entry(m: Mapper, info_file: Path, name: str) -> object:
+    """The dataset's entry in dataset_info.json (size- and depth-bounded), None when the file
+    or the entry is not there."""
+    from tunepilot.limits import Refused, load_json_capped
+    from tunepilot.spec.yaml_input import MAX_SPEC_BYTES
+
+    try:
+        info = load_json_capped(info_file, MAX_SPEC_BYTES * 16)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (Refused, OSError) as exc:
+        m.fail("dataset_dir", f"{info_file} cannot be read as LLaMA-Factory's dataset list "
+               f"({str(exc)[:120]}).")
+    return info.get(name) if isinstance(info, dict) else None
+
+
+_QUANT_BITS = (1, 2, 3, 4, 5, 6, 8)  # LLaMA-Factory's quantization_bit (bnb 4/8, HQQ 1-8, EETQ 8)
 
 
 def _kernels(m: Mapper) -> None:
@@ -233,21 +262,19 @@ def _data(m: Mapper) -> None:
     if not names or m.options.synthetic_data:
         return
     name = str(names).split(",")[0].strip()
-    info_dir = Path(m.get("dataset_dir", "data"))
-    info_dir = info_dir if info_dir.is_absolute() else m.path.parent / info_dir
+    info_dir = config_path(m, "dataset_dir", m.get("dataset_dir", "data"))
     info_file = info_dir / "dataset_info.json"
-    entry = None
-    if info_file.is_file():
-        try:
-            entry = json.loads(info_file.read_text()).get(name)
-        except (OSError, ValueError, AttributeError):
-            entry = None
-    if not isinstance(entry, dict) or not entry.get("file_name"):
+    entry = _dataset_entry(m, info_file, name)
+    if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str) or \
+            not entry["file_name"]:
         where = "a hub dataset" if isinstance(entry, dict) else f"not in {info_file}"
         m.data_unavailable("dataset", f"{name!r} is {where}: tunepilot reads only local datasets listed "
                "with a file_name in dataset_info.json.", "Add a local copy there, or pass "
                "--data synthetic.")
     cols = entry.get("columns") or {}
+    if not isinstance(cols, dict) or not all(isinstance(v, str) for v in cols.values()):
+        m.fail("dataset", f"{name!r} in {info_file.name} has columns that are not a mapping of "
+               "names.", "columns: {prompt: instruction, response: output, ...}")
     kind = (m.spec.get("objective") or {}).get("kind", "sft")
     if kind in ("dpo", "ipo", "orpo", "simpo", "reward"):
         fmt = "preference"
@@ -274,7 +301,7 @@ def _data(m: Mapper) -> None:
     data["train_on"] = "all" if truthy(m.get("train_on_prompt")) else "completions"
     if truthy(m.get("packing")) or truthy(m.get("neat_packing")):
         data["packing"] = True
-    limit = number(m, "max_samples")
+    limit = number(m, "max_samples", least=1)
     if limit:
         data["max_samples"] = limit
     template = m.get("template")

@@ -6,7 +6,7 @@ no effect). Pure data: no torch.
 
 from __future__ import annotations
 
-from tunepilot.integrations.importers.common import Mapper, number, truthy
+from tunepilot.integrations.importers.common import Mapper, number, truthy, value_number
 
 # TRL 1.16's trainer configs (trl/trainer/*_config.py, trl/experimental/{orpo,cpo}): the keys
 # that change memory or time, mapped below.
@@ -63,59 +63,67 @@ def set_kind(m: Mapper, kind: str, *keys: str) -> None:
         m.set("model.num_labels", 1, *keys)
 
 
-def trl_keys(m: Mapper, kind: str, get=None) -> None:
+def trl_keys(m: Mapper, kind: str, get=None, where=None) -> None:
     """The TRL trainer keys of a config (``get`` reads them: the top level, or axolotl's
-    ``trl:`` block) onto objective.* fields."""
+    ``trl:`` block) onto objective.* fields; ``where`` names a key in errors (trl.beta)."""
     get = get or (lambda k: m.get(k))
-    beta = get("beta")
+    where = where or (lambda k: k)
+    beta = value_number(m, where("beta"), get("beta"), float)
     if beta is not None:
-        m.set("objective.beta", float(beta), "beta")
+        m.set("objective.beta", beta, "beta")
     loss = get("loss_type")
     if isinstance(loss, list):
-        loss = loss[0] if len(loss) == 1 else None
-        if loss is None:
+        several = len(loss) > 1
+        loss = loss[0] if loss else None
+        if several:
             m.note("loss_type lists several losses (a combination): planned with the first")
+    if loss is not None and not isinstance(loss, str):
+        m.fail(where("loss_type"), f"is {str(loss)[:40]}, not the name of a loss.")
     if loss and kind in ("dpo", "ipo", "grpo", "rloo", "cpo", "simpo"):
         m.set("objective.loss_type", str(loss), "loss_type")
     for key in ("max_prompt_length", "max_completion_length", "num_iterations",
                 "steps_per_generation"):
-        value = get(key)
+        value = value_number(m, where(key), get(key), least=1)
         if value is not None and (kind in ("grpo", "rloo") or key in ("max_prompt_length",
                                                                     "max_completion_length")):
-            m.set(f"objective.{key}", int(value), key)
+            m.set(f"objective.{key}", value, key)
     if kind in ("grpo", "rloo"):
-        _generation(m, get)
+        _generation(m, get, where)
     if truthy(get("precompute_ref_log_probs")):
         m.set("objective.reference", "precomputed", "precompute_ref_log_probs")
     m.used.update(TRL_OBJECTIVE_MAPPED)
     m.no_effect(*TRL_OBJECTIVE_NO_EFFECT)
 
 
-def _generation(m: Mapper, get) -> None:
-    n = get("num_generations")
+def _generation(m: Mapper, get, where) -> None:
+    n = value_number(m, where("num_generations"), get("num_generations"), least=1)
     if n is not None:
-        m.set("objective.num_generations", int(n), "num_generations")
-    gbs = get("generation_batch_size")
+        m.set("objective.num_generations", n, "num_generations")
+    gbs = value_number(m, where("generation_batch_size"), get("generation_batch_size"), least=1)
     if gbs is not None:
         per = m.spec.get("micro_batch_size", 8) * ((m.spec.get("parallel") or {})
                                                    .get("devices", 1))
-        m.set("objective.steps_per_generation", max(1, int(gbs) // max(per, 1)),
+        m.set("objective.steps_per_generation", max(1, gbs // max(per, 1)),
               "generation_batch_size")
     if not truthy(get("use_vllm")):
         m.set("objective.generation.backend", "transformers", "use_vllm")
         return
-    mode = str(get("vllm_mode") or "colocate")
+    mode = get("vllm_mode") or "colocate"
+    if mode not in ("server", "colocate"):
+        m.fail(where("vllm_mode"), f"is {str(mode)[:40]!r}, not server or colocate.",
+               "TRL's vllm_mode is server or colocate.")
     if mode == "server":
         m.set("objective.generation.backend", "vllm-server", "use_vllm", "vllm_mode")
-        tp = get("vllm_tensor_parallel_size")
-        m.set("objective.generation.server_devices", int(tp or 1), "vllm_tensor_parallel_size")
+        tp = value_number(m, where("vllm_tensor_parallel_size"),
+                          get("vllm_tensor_parallel_size"), least=1)
+        m.set("objective.generation.server_devices", tp or 1, "vllm_tensor_parallel_size")
         m.note("vllm_mode server: the vLLM server runs on cards of its own (`trl vllm-serve`): "
                "objective.generation.server_devices counts them in the quote")
         return
     m.set("objective.generation.backend", "vllm-colocate", "use_vllm", "vllm_mode")
-    util = get("vllm_gpu_memory_utilization")
-    m.set("objective.generation.gpu_memory_utilization", float(util if util is not None
-                                                               else 0.3),
+    util = value_number(m, where("vllm_gpu_memory_utilization"),
+                        get("vllm_gpu_memory_utilization"), float)
+    m.set("objective.generation.gpu_memory_utilization", 0.3 if util is None else util,
           "vllm_gpu_memory_utilization")
     if util is None:
         m.note("vllm_gpu_memory_utilization not set: TRL's default 0.3 of each card")

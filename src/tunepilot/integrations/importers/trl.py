@@ -242,6 +242,8 @@ def _training(m: Mapper, *, trl: bool) -> None:
     steps, epochs = number(m, "max_steps"), number(m, "num_train_epochs", float)
     m.spec["_max_steps"] = steps if steps and steps > 0 else None
     m.spec["_epochs"] = epochs if epochs is not None else 3.0  # TrainingArguments' default
+    if steps and steps > 0 and epochs is not None:
+        m.note(f"num_train_epochs {epochs:g}: max_steps {steps} overrides it (as in the Trainer)")
 
 
 def _mixture_path(m: Mapper) -> str | None:

@@ -282,7 +282,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
                    cb * largest + dequant + recompute + fp8_ws + s.unsharded + (
                        optim_temp if grads < s.grads else 0), s.buckets),
         Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
-        _validation_phase(spec, arch, s, cb, sb),
+        *([_validation_phase(spec, arch, s, cb, sb)] if spec.validation.enabled else []),
     ]
     phases = objective_phases(spec, arch, phases, states=(*states, acc_grads, s.optim),
                               saved_and_kept=saved + casts_fwd + logits_kept, no_grad=no_grad,

@@ -455,7 +455,7 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
             allocator = {"cuda_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(),
                          "cuda_max_memory_reserved_bytes": torch.cuda.max_memory_reserved()}
         t.train_events = len(tr.events or [])
-        if not generative:  # GRPO/RLOO validate by generating: the generation phase
+        if not generative and t.spec.validation.enabled:  # GRPO/RLOO validate by generating
             _validation_pass(t, mask)
     return n_step1, step2, allocator
 
