@@ -1,13 +1,16 @@
 """The published runs the time model is calibrated on (resources/throughput_runs.yaml): each a
 real training run's throughput as its source published it, in the spec's terms, validated once.
 
-``held_out`` is the split rule, by position in the file and fixed before any fit: every third
-run (rows 3, 6, 9, ... counting from 1) is kept out of the fit and only projected, so the
-benchmark can report the error on runs the model has not seen apart from the rest.
+Held out by publication: every row of a held-out publication (``held_out_publication``: the
+sha256 of its name modulo HELD_OUT_MODULUS is 0, a rule fixed before any fit) is kept out of the
+fit and out of every factor, and only projected, so the benchmark reports the error on runs from
+documents the model has never seen. The same rule holds out the RL step rows
+(benchmarks/data/rl_steps.yaml) by their publication.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from functools import cache
 from typing import Literal
@@ -18,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tunepilot.spec import Implementation, Precision
 from tunepilot.spec.method import MethodKind
 
-HELD_OUT_EVERY = 3
+HELD_OUT_MODULUS = 3
 
 
 class _Read(BaseModel):
@@ -34,6 +37,9 @@ class PublishedRun(_Read):
     """One published training run: what ran (in the spec's terms) and how fast, per GPU."""
 
     id: str
+    publication: str
+    """the document the row was read from (one README, one performance page, one MLPerf
+    submitter's round): the unit the held-out rule keeps out whole"""
     implementation: Implementation
     stack: str
     """the training stack as the source names it (HF Trainer + FSDP1 + PEFT, NeMo 24.12, ...)"""
@@ -74,6 +80,7 @@ class PublishedRun(_Read):
 
 class ExcludedRun(_Read):
     id: str
+    publication: str
     why: str
     source: str
 
@@ -93,13 +100,30 @@ def published_runs() -> RunsFile:
         yaml.safe_load(THROUGHPUT_RUNS_YAML.read_text(encoding="utf-8")))
 
 
-def held_out(position: int) -> bool:
-    """The split rule: the run at 0-based ``position`` in the file is held out of the fit."""
-    return position % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+HELD_OUT_RESIDUE = 0
+"""which residue of the rule is held out (throughput_accuracy.py --splits tries the others)"""
+
+
+def held_out_publication(publication: str) -> bool:
+    """The split rule: a publication is held out when the sha256 of its name, modulo
+    HELD_OUT_MODULUS, is HELD_OUT_RESIDUE - every row read from it, whatever its position."""
+    digest = int(hashlib.sha256(publication.encode("utf-8")).hexdigest(), 16)
+    return digest % HELD_OUT_MODULUS == HELD_OUT_RESIDUE
+
+
+def held_out(run: PublishedRun | ExcludedRun) -> bool:
+    """Whether the run's publication is held out of the fit and of every factor."""
+    return held_out_publication(run.publication)
+
+
+def held_out_ids() -> set[str]:
+    """Ids of every throughput row (projected or not) of a held-out publication."""
+    f = published_runs()
+    return {r.id for r in (*f.runs, *f.excluded) if held_out(r)}
 
 
 def fit_runs() -> list[PublishedRun]:
-    return [r for i, r in enumerate(published_runs().runs) if not held_out(i)]
+    return [r for r in published_runs().runs if not held_out(r)]
 
 
 def run_spec(run: PublishedRun):

@@ -22,6 +22,9 @@ class Factor(_Read):
     factor: float = Field(gt=0)
     kind: Kind | None = None
     source: str | None = None
+    runs: list[str] = Field(default_factory=list)
+    """the published runs (resources/throughput_runs.yaml ids) the factor is read from: never
+    one of a held-out publication (tests/test_time_model.py)"""
 
 
 class KernelRow(_Read):
@@ -41,6 +44,8 @@ class CardRow(_Read):
     factor: float = Field(default=1.0, gt=0)
     kind: Kind | None = None
     source: str | None = None
+    runs: list[str] = Field(default_factory=list)
+    """the published runs the factor is read from (as Factor.runs)"""
 
 
 class ThroughputModel(_Read):
