@@ -135,14 +135,41 @@ def per_card(ctx, card: Card, useful: Figure) -> Figure:
     decode = decode_seconds_per_position(ctx.arch, ctx.spec, card.hbm_bandwidth_bytes_per_s)
     if decode:  # generation's decode, bound by HBM bandwidth: its seconds add to the FLOPs'
         positions = 1 / (1 / positions + decode)
+    positions, floor = _launch_floor(ctx, positions, seq.value)
     return Figure.projected(
         positions * useful.value, "tokens/s",
         f"MFU {mfu.value:.3g} ({mfu.how}) x dense {key} peak {fmt_number(peak / 1e12)} TFLOP/s "
         f"/ {fpt.formula}" + (f" x useful fraction {useful.value:.3g}"
                               if useful.value < 1 else "") + f" ({MFU_RULE})"
         + (f"; + the decode at {card.hbm_bandwidth_tbps:g} TB/s HBM, {decode * 1e6:.3g} us "
-           "per position (model/flops.decode_seconds_per_position)" if decode else ""),
+           "per position (model/flops.decode_seconds_per_position)" if decode else "")
+        + (f"; held to the step's launch floor: {floor.how}, longer than the FLOPs' "
+           "time at this MFU" if floor else ""),
         mfu=mfu.to_dict(), processed_length=seq.to_dict())
+
+
+def _launch_floor(ctx, positions: float, seq: float):
+    """(positions/s, the floor when it binds): one rank's optimizer step cannot take less than
+    its kernel launches (cost/launch.py)."""
+    from tunepilot.cost.launch import step_floor
+    from tunepilot.model.flops import trainable_shapes
+
+    spec = ctx.spec
+    shapes = trainable_shapes(ctx.arch, spec)
+    elements = sum(_numel(s) for s in shapes)
+    floor = step_floor(ctx.arch, spec, spec.gradient_accumulation_steps, len(shapes), elements)
+    per_step = spec.micro_batch_size * spec.objective.sequences_per_sample * \
+        spec.gradient_accumulation_steps * seq
+    if per_step / positions >= floor.seconds:
+        return positions, None
+    return per_step / floor.seconds, floor
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Figure, Figure]:
