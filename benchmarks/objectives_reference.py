@@ -110,7 +110,7 @@ def step_rows() -> list[dict]:
     from tunepilot.catalog import load_catalog
     from tunepilot.cost.assumptions import efficiency_parts
     from tunepilot.cost.mfu import estimate
-    from tunepilot.model.flops import decode_seconds_per_position, flops_per_token, peak_precision
+    from tunepilot.model.flops import decode_seconds_per_position, flops_per_token
     from tunepilot.spec.objective import global_generation_batch, lengths
 
     out = []
@@ -119,7 +119,7 @@ def step_rows() -> list[dict]:
         card = load_catalog().get(row["card"])
         e = estimate(spec.model.implementation, card.id, spec.method.kind,
                      spec.activation_checkpointing, spec.torch_compile, spec.precision)
-        per_s = e.mfu * card.peak_flops(peak_precision(spec)) / flops_per_token(arch, spec).train
+        per_s = e.mfu * card.peak_flops(spec.precision.peak_key) / flops_per_token(arch, spec).train
         decode = decode_seconds_per_position(arch, spec, card.hbm_bandwidth_bytes_per_s)
         per_s = 1 / (1 / per_s + decode)
         n = spec.parallel.world_size

@@ -35,7 +35,7 @@ def project(run) -> dict:
     arch = Arch.from_config(load_preset(run.model))
     card = load_catalog().get(run.card)
     p = estimate_setting(setting_of_run(run))
-    peak = card.peak_flops("fp8" if spec.is_fp8 else "bf16")
+    peak = card.peak_flops(spec.precision.peak_key)
     projected = positions_per_s_at(arch, spec, p.mfu, run.sequence_length, peak)
     published = run.tokens_per_s_per_gpu
     return {"id": run.id, "held_out": held_out(run), "publication": run.publication,

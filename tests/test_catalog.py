@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tunepilot.catalog import (
     DEFAULT_CATALOG_PATH,
-    PRECISIONS,
+    PEAK_KEYS,
     Catalog,
     cents_to_usd,
     load_catalog,
@@ -129,7 +129,7 @@ def test_unknown_precision_and_term_are_user_errors(shipped):
     with pytest.raises(UserError) as err:
         shipped.get("h100").pricing.term("year")
     assert err.value.field == "term" and "quarter" in err.value.hint
-    assert set(PRECISIONS) == {"bf16", "fp16", "fp8", "tf32", "fp32"}
+    assert set(PEAK_KEYS) == {"bf16", "fp16", "fp8", "tf32", "fp32"}
 
 
 def test_catalog_module_does_not_import_torch():

@@ -34,7 +34,7 @@ def _phase(plan, name):
 
 def test_fp8_precisions_keep_fp32_master_weights_and_qlora_is_refused():
     s = _spec(precision="fp8-te")
-    assert s.is_fp8 and s.mixed and s.trainable_dtype == "fp32"
+    assert s.precision.is_fp8 and s.precision.mixed and s.trainable_dtype == "fp32"
     with pytest.raises(SpecError, match="QLoRA's frozen base is NF4"):
         _spec(precision="fp8-tensorwise", method={"kind": "qlora"})
     with pytest.raises(SpecError, match="fp8-tensorwise"):  # did you mean

@@ -11,7 +11,7 @@ import pytest
 from tunepilot.catalog import load_catalog
 from tunepilot.cost import quote
 from tunepilot.model.arch import Arch, load_preset
-from tunepilot.model.flops import checkpoint_bytes, mfu, peak_precision, positions_per_s_at
+from tunepilot.model.flops import checkpoint_bytes, mfu, positions_per_s_at
 from tunepilot.pilot.assemble import pilot_result
 from tunepilot.pilot.measurements import Measurements, StepRecord
 from tunepilot.plan.api import make_plan
@@ -42,7 +42,7 @@ def _h100():
 
 def test_mfu_one_definition_the_pilot_measures_and_the_quote_inverts():
     """The pilot divides token positions/s (padding included) at the mean processed length by
-    the dense peak of peak_precision; the quote's projection is the same equation solved for
+    the dense peak of spec.precision.peak_key; the quote's projection is the same equation solved for
     the throughput: a pilot's MFU fed back gives the pilot's throughput."""
     spec = _spec()
     arch = Arch.from_config(load_preset("llama-3.2-1b"))
@@ -52,7 +52,7 @@ def test_mfu_one_definition_the_pilot_measures_and_the_quote_inverts():
                         sequence_length=2048, loss=1.0)] * 4
     m = Measurements(spec=spec, arch=arch, device=_h100(), catalog=CAT, steps=steps)
     got = pilot_result(m)
-    peak = CAT.get(CARD).peak_flops(peak_precision(spec))
+    peak = CAT.get(CARD).peak_flops(spec.precision.peak_key)
     mean_len = 24_000 / 16  # positions / rows (micro-batch 2 x accumulation 8)
     assert got.throughput.mean_sequence_length.value == pytest.approx(mean_len)
     assert got.mfu.value == pytest.approx(mfu(arch, spec, 48_000, mean_len, peak))

@@ -19,8 +19,12 @@ import platform
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from tunepilot.catalog import Card, Catalog, load_catalog, normalise_card_name
+
+if TYPE_CHECKING:
+    from tunepilot.spec.precision import Precision
 
 SAMPLE_INTERVAL_S = 0.02  # 50 Hz: a spike shorter than this can be missed (the allocator's
 # own peak counters and VmHWM are exact; the sampler is for what they cannot see)
@@ -247,10 +251,10 @@ def _probe_cpu(torch) -> DeviceInfo:
     return info
 
 
-def emulated_bf16_note(info: DeviceInfo, precision: str) -> str | None:
+def emulated_bf16_note(info: DeviceInfo, precision: Precision) -> str | None:
     """A CPU without native bf16 (AVX512-BF16/AMX) runs a bf16 spec's steps emulated: said only
     when the run computes in bf16."""
-    if info.kind != "cpu" or not precision.startswith("bf16") or info.cpu.get("native_bf16"):
+    if info.kind != "cpu" or not precision.computes_in_bf16 or info.cpu.get("native_bf16"):
         return None
     return "bf16 on this CPU is emulated (no AVX512-BF16/AMX): bf16 steps are slow"
 

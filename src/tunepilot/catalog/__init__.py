@@ -40,7 +40,7 @@ from tunepilot.resources import CATALOG_YAML
 
 DEFAULT_CATALOG_PATH = CATALOG_YAML
 SCHEMA_VERSION = 1
-PRECISIONS = ("bf16", "fp16", "fp8", "tf32", "fp32")
+PEAK_KEYS = ("bf16", "fp16", "fp8", "tf32", "fp32")
 _MEMORY_TOLERANCE = 0.10  # memory_bytes may differ from memory_gb x 10^9 by this fraction
 _LAYOUT_HINT = f"See the shipped catalog for the layout: {DEFAULT_CATALOG_PATH}"
 
@@ -294,12 +294,13 @@ class Card(_Model):
     def hbm_bandwidth_bytes_per_s(self) -> float:
         return _tera(self.hbm_bandwidth_tbps)
 
-    def peak_flops(self, precision: str) -> float | None:
-        """Dense peak FLOP/s at ``precision`` (bf16, fp16, fp8, tf32, fp32); None if unsupported."""
-        key = precision.strip().lower()
-        if key not in PRECISIONS:
-            raise UserError("precision", f"unknown precision {precision!r}.",
-                            f"Known precisions: {', '.join(PRECISIONS)}.")
+    def peak_flops(self, peak_key: str) -> float | None:
+        """Dense peak FLOP/s of the tensor cores at ``peak_key`` (bf16, fp16, fp8, tf32, fp32: a
+        run's spec.precision.peak_key); None if unsupported."""
+        key = peak_key.strip().lower()
+        if key not in PEAK_KEYS:
+            raise UserError("precision", f"unknown peak precision {peak_key!r}.",
+                            f"Known precisions: {', '.join(PEAK_KEYS)}.")
         tflops = getattr(self.peak_tflops, key)
         return None if tflops is None else _tera(tflops)
 

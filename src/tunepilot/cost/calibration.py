@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from tunepilot.cost.assumptions import efficiency_parts
+from tunepilot.spec.precision import Precision
 
 # The dimensions of a cell (position in its key), and the order in which a missing cell borrows
 # from a neighbour: the cheapest difference first.
@@ -45,7 +46,7 @@ class Setting:
     @property
     def precision_class(self) -> str:
         """bf16-mixed and bf16-true (and fp16, same peak) share cells; each FP8 recipe its own."""
-        return self.precision if self.precision.startswith("fp8") else "bf16"
+        return Precision(self.precision).throughput_class
 
     @property
     def layout(self) -> str:
@@ -140,11 +141,11 @@ def measured_mfu(run) -> float:
     from tunepilot.catalog import load_catalog
     from tunepilot.cost.runs import run_spec
     from tunepilot.model.arch import Arch, load_preset
-    from tunepilot.model.flops import mfu, peak_precision
+    from tunepilot.model.flops import mfu
 
     spec = run_spec(run)
     arch = Arch.from_config(load_preset(run.model))
-    peak = load_catalog().get(run.card).peak_flops(peak_precision(spec))
+    peak = load_catalog().get(run.card).peak_flops(spec.precision.peak_key)
     return mfu(arch, spec, run.tokens_per_s_per_gpu, run.sequence_length, peak)
 
 

@@ -39,7 +39,7 @@ def compare(spec: RunSpec, *, run_dir: Path | str | None = None, catalog: Catalo
     rows, refused, dropped, notes, source = [], [], [], [], None
     variants = _precision_variants(spec, precisions)
     for sp in variants:
-        own = sp.precision == spec.precision
+        own = sp is spec  # the spec itself: the run directory is its own
         if run_dir is not None and not own:
             notes.append(f"precision {sp.precision}: projected - the run directory is of the "
                          f"spec's own precision ({spec.precision})")
@@ -65,8 +65,9 @@ def _precision_variants(spec: RunSpec, precisions: list[str] | None) -> list[Run
         return [spec]
     out = []
     for p in dict.fromkeys(precisions):
-        out.append(spec if p == spec.precision else spec_from_dict(
-            dict(spec.model_dump(mode="python"), precision=p), source=f"--precision {p}"))
+        v = spec_from_dict(dict(spec.model_dump(mode="python"), precision=p),
+                           source=f"--precision {p}")
+        out.append(spec if v.spec_hash() == spec.spec_hash() else v)
     return out
 
 

@@ -32,7 +32,7 @@ from tunepilot.cost.spot import node_rate, spot_quote
 from tunepilot.cost.terms import check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
 from tunepilot.errors import UserError
-from tunepilot.model.flops import DTYPE_BYTES, FlopsPerToken, checkpoint_bytes, flops_per_token
+from tunepilot.model.flops import FlopsPerToken, checkpoint_bytes, flops_per_token
 from tunepilot.plan.fit import DEFAULT_HEADROOM
 from tunepilot.plan.host import Layout, host_fit, host_plan
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
@@ -94,8 +94,8 @@ class QuoteContext:
 
     @property
     def load_bytes(self) -> int:
-        per = DTYPE_BYTES["fp32"] if self.spec.precision == "fp32" else \
-            SOURCE_CHECKPOINT_BYTES_PER_PARAM
+        p = self.spec.precision
+        per = p.compute_bytes if p.all_fp32 else SOURCE_CHECKPOINT_BYTES_PER_PARAM
         return (self.params.frozen if self.spec.method.is_lora else self.params.total) * per
 
 

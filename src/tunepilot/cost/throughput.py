@@ -24,7 +24,6 @@ from tunepilot.model.flops import (
     MFU_RULE,
     decode_seconds_per_position,
     flops_per_token,
-    peak_precision,
     positions_per_s_at,
 )
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
@@ -87,7 +86,7 @@ def _with_levers(ctx, card: Card, tps: float, how: str, basis: str) -> Figure:
 
 def _fp8_lever(ctx, card: Card) -> list:
     """An FP8 spec's pilot ran bf16 (FP8 is not measured): the recipe's speed-up on this card."""
-    if not ctx.spec.is_fp8:
+    if not ctx.spec.precision.is_fp8:
         return []
     from tunepilot.cost.calibration import fp8_speedup
     from tunepilot.cost.mfu import LeverFactor, card_family
@@ -104,7 +103,7 @@ def per_card(ctx, card: Card, useful: Figure) -> Figure:
     from tunepilot.spec.fp8 import require_fp8_card
 
     require_fp8_card(ctx.spec, card)
-    key = peak_precision(ctx.spec)
+    key = ctx.spec.precision.peak_key
     peak = card.peak_flops(key)
     if peak is None:
         raise UserError("card", f"{card.id} has no {key} peak in the catalog.", None)
@@ -117,7 +116,7 @@ def per_card(ctx, card: Card, useful: Figure) -> Figure:
     if measured and run.card_id is not None:
         m = ctx.catalog.get(run.card_id)
         f = assumed("compute_bound_fraction")
-        key = "bf16" if ctx.spec.is_fp8 else key  # the pilot ran bf16; FP8's gain comes after
+        key = ctx.spec.precision.stand_in.peak_key  # the pilot ran FP8's stand-in; its gain after
         peak = card.peak_flops(key)
         m_peak = m.peak_flops(key) or peak
         ratio = f * m_peak / peak + (1 - f) * m.hbm_bandwidth_tbps / card.hbm_bandwidth_tbps

@@ -35,7 +35,7 @@ def parameter_dtype(spec: RunSpec) -> str:
     (fp32 parameters under fp32 and *-mixed, bf16 under bf16-true)."""
     if spec.method.is_lora:
         return spec.frozen_base_dtype
-    return "bf16" if spec.precision == "bf16-true" else "fp32"
+    return spec.precision.parameter_dtype
 
 
 def attention_impl(spec: RunSpec) -> str:

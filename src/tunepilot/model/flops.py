@@ -1,5 +1,5 @@
-"""The run's arithmetic that every stage shares: FLOPs per token, the peak-FLOP/s key of a
-precision, and the bytes of optimizer state (one table for the plan, the quote's checkpoint
+"""The run's arithmetic that every stage shares: FLOPs per token, MFU (over the peak of
+spec.precision.peak_key), and the bytes of optimizer state (one table for the plan, the quote's checkpoint
 sizes and the pilot's MFU). Pure arithmetic over the architecture and the spec: no torch.
 
 FLOPs per token (PaLM, appendix B): 6 N_trainable + 4 N_frozen + 12 L H Q T. Frozen weights
@@ -15,15 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunepilot.model.arch import Arch, linear_modules, lora_targets, param_counts
+from tunepilot.spec.precision import DTYPE_BYTES
 
-# Bytes per element by dtype name.
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-# Precision of the run -> the catalog's peak_tflops key its matmuls run at (QLoRA computes in
-# bf16; fp32 matmuls run on TF32 tensor cores only where torch allows it; FP8 training's MFU is
-# over the dense FP8 peak, as NVIDIA's published FP8 MFU is, though attention, norms and the
-# loss still run in bf16).
-PEAK_KEY = {"bf16-mixed": "bf16", "bf16-true": "bf16", "fp16-mixed": "fp16", "fp32": "fp32",
-            "fp8-tensorwise": "fp8", "fp8-rowwise": "fp8", "fp8-te": "fp8"}
 # bitsandbytes 8-bit optimizers: two uint8 states + one fp32 absmax per 256-element block each
 # (bitsandbytes Optimizer2State.init_state, blocksize 256).
 ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
@@ -33,18 +26,9 @@ OPTIMIZER_STATES = {  # state tensors per trainable element (Adafactor: see opti
 }
 
 
-def peak_precision(spec) -> str:
-    """The catalog peak_tflops key the spec's matmuls run at: the one peak rule of MFU, for the
-    pilot and the quote alike. fp32 is the fp32 peak (PyTorch's default keeps TF32 off for
-    matmuls; a pilot that ran with TF32 on says so beside its MFU)."""
-    if spec.method.kind == "qlora":
-        return "bf16"
-    return PEAK_KEY[spec.precision]
-
-
 MFU_RULE = ("MFU = training FLOPs per token (PaLM, at the mean processed sequence length) x "
             "token positions processed per second (padding included: the card computes them) / "
-            "the card's dense peak at the spec's compute precision")
+            "the card's dense peak at the spec's compute precision (spec.precision.peak_key)")
 
 
 def mfu(arch: Arch, spec, positions_per_s: float, mean_sequence_length: float,
@@ -149,7 +133,7 @@ def decode_seconds_per_position(arch: Arch, spec, hbm_bytes_per_s: float) -> flo
     if not o.generative:
         return 0.0
     ln, g = lengths(spec), generation_batch(spec)
-    cb = 4 if spec.precision == "fp32" else 2  # weights and KV cache in the compute dtype
+    cb = spec.precision.compute_bytes  # weights and KV cache in the compute dtype
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * cb
     server = o.generation.backend == "vllm-server"
     batch = g * spec.parallel.world_size if server else g  # a server decodes every rank's

@@ -68,13 +68,14 @@ def shard_model(model, spec, *, mesh=None, device=None, offload: bool = False):
 
 def compute_dtype(spec):
     """The dtype FSDP gathers parameters in under *-mixed precision (None: as stored)."""
-    import torch
+    from tunepilot.model.build import torch_dtype
 
-    if not spec.precision.endswith("-mixed"):
+    name = spec.precision.autocast_dtype
+    if name is None:
         return None
     if spec.method.kind == "qlora" and spec.quant_storage_dtype == "uint8":
         return None  # the packed codes must not be cast
-    return torch.float16 if spec.precision == "fp16-mixed" else torch.bfloat16
+    return torch_dtype(name)
 
 
 

@@ -9,7 +9,7 @@ import resource
 import statistics
 import sys
 
-from tunepilot.model.flops import MFU_RULE, flops_per_token, mfu, peak_precision
+from tunepilot.model.flops import MFU_RULE, flops_per_token, mfu
 from tunepilot.pilot.measurements import Measurements
 from tunepilot.pilot.stats import summarize
 from tunepilot.results.figure import Figure
@@ -254,7 +254,7 @@ def _mfu(m: Measurements, why: str) -> Figure:
         return Figure.missing("fraction", why)
     from tunepilot.catalog import load_catalog
 
-    key = peak_precision(m.spec)
+    key = m.spec.precision.peak_key
     peak = (m.catalog or load_catalog()).get(card_id).peak_flops(key)
     if not peak:
         return Figure.missing("fraction", f"{card_id} has no {key} peak in the catalog")
@@ -270,7 +270,7 @@ def _mfu(m: Measurements, why: str) -> Figure:
 
 
 def _tf32_note(m: Measurements) -> str:
-    if not m.gpu or m.spec.precision != "fp32":
+    if not m.gpu or not m.spec.precision.all_fp32:
         return ""
     import torch
 

@@ -57,7 +57,7 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
     notes += modelled
     pilot_spec, kernels = without_gpu_kernels(pilot_spec)
     notes += kernels
-    if pilot_spec.is_fp8:  # FP8 is not measured: the pilot runs its bf16-mixed stand-in
+    if pilot_spec.precision.is_fp8:  # FP8 is not measured: the pilot runs its bf16-mixed stand-in
         from tunepilot.spec.fp8 import bf16_stand_in, pilot_note
 
         notes.append(pilot_note(pilot_spec))
@@ -134,7 +134,7 @@ def check_device_features(spec: RunSpec, info: DeviceInfo) -> None:
         if spec.parallel.cpu_offload:
             raise UserError("parallel.cpu_offload", "FSDP CPU offload needs a GPU to offload from.",
                             "Set cpu_offload: false for a CPU pilot.")
-    if info.kind == "cuda" and spec.precision.startswith("bf16") and info.bf16_supported is False:
+    if info.kind == "cuda" and spec.precision.computes_in_bf16 and info.bf16_supported is False:
         raise UserError("precision", f"{info.name} has no bf16 support.",
                         "Use precision: fp16-mixed or fp32 on this GPU.")
     if info.kind == "rocm" and bnb and any("bitsandbytes" in m for m in info.missing):

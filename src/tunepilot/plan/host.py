@@ -124,7 +124,7 @@ def _load(spec: RunSpec, arch: Arch, lay: Layout, load: str, notes: list[str]) -
     from tunepilot.plan.analytic.core import task_counts
 
     total = task_counts(arch, spec).total
-    per = DTYPE_BYTES["fp32"] if spec.precision == "fp32" else 2
+    per = spec.precision.compute_bytes
     whole = total * per
     what = f"{fmt_bytes(whole)} checkpoint ({per} B/param)"
     if spec.method.kind == "qlora" and spec.method.quantize_on_load:
@@ -249,7 +249,7 @@ def _disk(spec: RunSpec, arch: Arch, stack: str, lay: Layout, node_ckpt: int,
 
     s = state_bytes(spec, arch, stack)
     total = task_counts(arch, spec).total
-    per = DTYPE_BYTES["fp32"] if spec.precision == "fp32" else 2
+    per = spec.precision.compute_bytes
     kept = spec.host.checkpoints_kept
     export = s.trainable * (2 if spec.method.kind == "full" else DTYPE_BYTES[spec.trainable_dtype])
     items = [DiskItem(name="model weights", bytes_per_node=total * per,

@@ -39,13 +39,16 @@ class Fp8Recipe:
     """FP8 copies of the trained weights kept across the step (fp8 weight + its transpose)"""
     recasts: int
     """FP8 copies made of each matmul operand (rowwise re-casts along the other axis)"""
+    keeps_scaling_state: bool
+    """the modules keep scaling state of their own (Transformer Engine's amax history and
+    scales in extra_state) that a checkpoint must save"""
     source: str
 
 
 RECIPES = {
     "fp8-tensorwise": Fp8Recipe(
         "torchao Float8Linear (convert_to_float8_training, recipe tensorwise)",
-        "one dynamic fp32 scale per tensor", True, False, 0, 1,
+        "one dynamic fp32 scale per tensor", True, False, 0, 1, False,
         "pytorch/ao torchao/float8/float8_linear.py @7ca1bfbe: matmul_with_hp_or_float8_args "
         "saves input_hp and weight_hp_t (the bf16 input, the weight) and casts both to float8 in "
         "forward and again in backward; fsdp_utils.py WeightWithDynamicFloat8CastTensor "
@@ -53,13 +56,13 @@ RECIPES = {
     "fp8-rowwise": Fp8Recipe(
         "torchao Float8Linear (convert_to_float8_training, recipe rowwise)",
         "one fp32 scale per row (axiswise), re-cast along dim 0 for the weight gradient", False,
-        False, 0, 2,
+        False, 0, 2, False,
         "pytorch/ao torchao/float8/float8_linear.py @7ca1bfbe: the same saved tensors; axiswise "
         "casts of grad_output and input along both dims; no float8 all-gather for rowwise"),
     "fp8-te": Fp8Recipe(
         "NVIDIA Transformer Engine (te.Linear / LayerNormLinear / LayerNormMLP in te.fp8_autocast)",
         "per-tensor scales from an amax history (delayed) or the current tensor", False, True,
-        2, 1,
+        2, 1, True,
         "NVIDIA/TransformerEngine transformer_engine/pytorch/module/linear.py: the forward saves "
         "the FP8 cast of its input for wgrad and keeps FP8 weight workspaces (the weight and, on "
         "Hopper, its transpose) across micro-batches"),
@@ -67,12 +70,12 @@ RECIPES = {
 
 
 def recipe(spec) -> Fp8Recipe | None:
-    return RECIPES.get(spec.precision)
+    return spec.precision.fp8_recipe
 
 
 def card_lacks_fp8(spec, card) -> str | None:
     """Why ``card`` cannot run the spec's FP8 precision (None: it can, or the spec is not FP8)."""
-    if not spec.is_fp8 or card.peak_flops("fp8") is not None:
+    if not spec.precision.is_fp8 or card.peak_flops("fp8") is not None:
         return None
     return (f"{card.name} has no FP8 tensor cores (the catalog's peak_tflops.fp8 is null), so "
             f"precision {spec.precision} cannot run on it; FP8 training needs Hopper (H100, "
@@ -91,7 +94,7 @@ def require_fp8_card(spec, card) -> None:
 def bf16_stand_in(spec):
     """The spec with FP8 replaced by bf16-mixed: what the CPU trace and the pilot run (FP8
     kernels need FP8 tensor cores; tunepilot's own step has no FP8 path)."""
-    return spec.with_changes(precision="bf16-mixed") if spec.is_fp8 else spec
+    return spec.with_changes(precision=spec.precision.stand_in) if spec.precision.is_fp8 else spec
 
 
 def pilot_note(spec) -> str:
@@ -104,7 +107,8 @@ def pilot_note(spec) -> str:
 def stand_in_note(spec, stage: str) -> str | None:
     """What the restore proof or the scaling run of an FP8 spec did instead (None: not FP8).
     Both run tunepilot's own step, which has no FP8 path: its bf16-mixed stand-in."""
-    if not spec.is_fp8:
+    r = spec.precision.fp8_recipe
+    if r is None:
         return None
     what = {"restore": "the proof's model, optimizer, RNG and data position are those of the "
                        "bf16-mixed stand-in; "
@@ -112,14 +116,14 @@ def stand_in_note(spec, stage: str) -> str | None:
                           "and scales in each module's extra_state, which this proof did not "
                           "save or compare - prove it with your own loop (`tunepilot restore "
                           "--trainer hf|lightning -- CMD`) on an FP8 card"
-                          if spec.precision == "fp8-te" else
+                          if r.keeps_scaling_state else
                           "torchao's dynamic scaling keeps no state of its own, so the same "
                           "components are what an FP8 run checkpoints"),
             "scale": "its step times and efficiencies are bf16's; FP8 shortens the compute, "
                      "not the collectives, so the measured efficiency is an upper bound for "
                      "the FP8 run" + ("; FP8 all-gathers (fp8-tensorwise under FSDP) halve the "
                                       "all-gather bytes, which this run did not measure"
-                                      if spec.precision == "fp8-tensorwise" else "")}[stage]
+                                      if r.all_gather_fp8 else "")}[stage]
     return (f"precision {spec.precision}: the {stage} stage ran the bf16-mixed stand-in (FP8 "
             f"matmuls need FP8 tensor cores and tunepilot's step has no FP8 path): {what}")
 
@@ -128,7 +132,7 @@ def cards_for(spec, catalog, card_ids: list[str] | None) -> tuple[list, list[str
     """The cards a plan of the spec fits against: an FP8 spec refuses a named card without FP8
     tensor cores (UserError) and leaves such cards out of the whole catalog, saying so."""
     cards = catalog.select(card_ids)
-    if not spec.is_fp8:
+    if not spec.precision.is_fp8:
         return cards, []
     if card_ids:
         for card in cards:

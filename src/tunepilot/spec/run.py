@@ -19,12 +19,10 @@ from tunepilot.errors import SpecError, UserError, did_you_mean
 from tunepilot.spec.kernels import KernelSpec
 from tunepilot.spec.method import MethodSpec, check_quant_storage, quant_storage_for
 from tunepilot.spec.objective import ObjectiveSpec
+from tunepilot.spec.precision import Precision
 from tunepilot.spec.yaml_input import read_yaml_mapping
 
 OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor"]
-Precision = Literal["fp32", "bf16-mixed", "bf16-true", "fp16-mixed", "fp8-tensorwise",
-                    "fp8-rowwise", "fp8-te"]
-FP8_PRECISIONS = ("fp8-tensorwise", "fp8-rowwise", "fp8-te")
 StateDtype = Literal["fp32", "bf16"]
 Checkpointing = Literal["none", "full", "selective", "selective-op"]
 Implementation = Literal["transformers", "litgpt", "torchtune", "torchtitan", "megatron"]
@@ -299,7 +297,7 @@ class RunSpec(_Strict):
     method: MethodSpec = Field(default_factory=MethodSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
-    precision: Precision = "bf16-mixed"
+    precision: Precision = Precision("bf16-mixed")
     """fp32 | bf16-mixed (fp32 weights, bf16 autocast) | bf16-true (all bf16) | fp16-mixed |
     FP8 training on bf16-mixed (fp32 master weights and optimizer state, the decoder's linear
     layers' matmuls in FP8; see spec/fp8.py): fp8-tensorwise (torchao Float8Linear, one dynamic scale
@@ -344,12 +342,13 @@ class RunSpec(_Strict):
                                             self.model.task)
         if kernels:
             raise ValueError(kernels)
-        if self.precision in FP8_PRECISIONS and self.method.kind == "qlora":
+        p = self.precision
+        if p.is_fp8 and self.method.kind == "qlora":
             raise ValueError(
                 f"precision {self.precision} runs the linear layers' matmuls in FP8, but QLoRA's "
                 "frozen base is NF4, dequantised to bf16 for every matmul; use method.kind lora "
                 "with FP8, or precision bf16-mixed with QLoRA")
-        if self.method.kind == "qlora" and self.precision in ("fp32", "fp16-mixed"):
+        if self.method.kind == "qlora" and not p.computes_in_bf16:
             raise ValueError(
                 f"method.kind qlora computes in bf16 but precision is {self.precision!r}; "
                 "set precision: bf16-true or bf16-mixed"
@@ -369,7 +368,7 @@ class RunSpec(_Strict):
                 f"gradients cannot accumulate over {self.gradient_accumulation_steps} "
                 "micro-batches; set gradient_accumulation_steps: 1 (and a larger "
                 "micro_batch_size) or optimizer_in_backward: false")
-        if self.optimizer_in_backward and self.precision == "fp16-mixed":
+        if self.optimizer_in_backward and p.needs_grad_scaler:
             raise ValueError(
                 "optimizer_in_backward cannot unscale gradients it has already applied "
                 "(fp16-mixed needs a GradScaler over all of them); use bf16-mixed or "
@@ -406,23 +405,13 @@ class RunSpec(_Strict):
         return self.model.implementation == "litgpt" and self.model.task == "causal-lm"
 
     @property
-    def is_fp8(self) -> bool:
-        """FP8 training (precision fp8-*): bf16-mixed with the linear layers' matmuls in FP8."""
-        return self.precision in FP8_PRECISIONS
-
-    @property
-    def mixed(self) -> bool:
-        """fp32 parameters (the master copy) with 16-bit (or FP8) compute: *-mixed and fp8-*."""
-        return self.precision.endswith("-mixed") or self.is_fp8
-
-    @property
     def trainable_dtype(self) -> StateDtype:
         """The dtype of the trained parameters: LoRA adapters fp32 unless adapter_dtype: bf16
         (PEFT's autocast_adapter_dtype); a full run's parameters bf16 under bf16-true, else
         fp32 (mixed precision keeps fp32 parameters)."""
         if self.method.is_lora:
             return "bf16" if self.method.adapter_dtype == "bf16" else "fp32"
-        return "bf16" if self.precision == "bf16-true" else "fp32"
+        return self.precision.parameter_dtype
 
     # --- derived figures -------------------------------------------------------------------
     @property
@@ -439,8 +428,7 @@ class RunSpec(_Strict):
         """The storage dtype of a LoRA run's frozen base (see method.base_dtype)."""
         if self.method.base_dtype is not None:
             return self.method.base_dtype
-        return "fp32" if self.precision == "fp32" else ("fp16" if self.precision == "fp16-mixed"
-                                                         else "bf16")
+        return self.precision.frozen_base_dtype
 
     @property
     def tokens_per_micro_batch(self) -> int:

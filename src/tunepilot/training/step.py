@@ -98,7 +98,7 @@ def build_scheduler(spec: RunSpec, optimizer: torch.optim.Optimizer, total_steps
 
 def make_scaler(spec: RunSpec, device_type: str):
     """fp16 needs loss scaling; the scaler's state is part of the training state."""
-    if spec.precision != "fp16-mixed":
+    if not spec.precision.needs_grad_scaler:
         return None
     return torch.amp.GradScaler(device_type)
 
@@ -330,7 +330,7 @@ def build_reference(spec: RunSpec, device, base_dir: Path | None, config: dict |
         return None
     ref_spec = spec.with_changes(
         method={"kind": "full"}, optimizer={"name": "adamw"}, activation_checkpointing="none",
-        precision="fp32" if spec.precision == "fp32" else "bf16-true")
+        precision=spec.precision.frozen_copy)
     ref = build_model(ref_spec, device, base_dir=base_dir, config=config)
     if prepare is not None:
         ref, _ = prepare(ref)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tunepilot.errors import UserError
+from tunepilot.spec.precision import Precision
 
 # Hugging Face TrainingArguments.optim names -> (tunepilot optimizer, impl)
 OPTIMIZERS = {
@@ -471,10 +472,11 @@ def fp8_precision(m: Mapper, key: str, name: Any, default: str) -> bool:
     m.set("precision", precision, "fp8", key)
     m.no_effect("fp8_enable_fsdp_float8_all_gather")
     gather = truthy(m.get("fp8_enable_fsdp_float8_all_gather"))
-    if precision != "fp8-tensorwise" and gather:
+    fp8_gather = Precision(precision).fp8_recipe.all_gather_fp8
+    if not fp8_gather and gather:
         m.note("fp8_enable_fsdp_float8_all_gather applies to the tensorwise recipe only: the "
                "all-gather stays bf16")
-    elif precision == "fp8-tensorwise" and not gather:
+    elif fp8_gather and not gather:
         m.note("fp8-tensorwise is planned with FSDP's FP8 all-gather (1 B/param); without "
                "fp8_enable_fsdp_float8_all_gather an FSDP run gathers bf16 (2 B/param)")
     m.note(f"fp8: {precision} - FP8 matmuls in the decoder's linear layers on top of bf16 mixed "

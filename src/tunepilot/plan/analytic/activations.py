@@ -21,13 +21,12 @@ def precision_bytes(spec: RunSpec) -> tuple[int, int, int]:
     fp32 all fp32. PEFT keeps LoRA adapters in fp32 whatever the base (autocast_adapter_dtype)
     unless method.adapter_dtype: bf16.
     """
-    cb = 4 if spec.precision == "fp32" else 2
+    cb = spec.precision.compute_bytes
     if spec.method.is_lora:
         sb = DTYPE_BYTES[spec.frozen_base_dtype]
         return cb, sb, DTYPE_BYTES[spec.trainable_dtype]
-    if spec.precision == "bf16-true":
-        return 2, 2, 2
-    return cb, 4, 4  # fp32, or *-mixed with fp32 parameters
+    pb = spec.precision.parameter_bytes  # the stream is in the parameters' dtype
+    return cb, pb, pb  # fp32; *-mixed with fp32 parameters; bf16-true all bf16
 
 
 # Which per-layer input a linear reads: matmul inputs are saved per input tensor, not per linear
@@ -115,9 +114,10 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
     activations, the shared-input count 17.94)."""
     r = spec.method.lora_rank or 0
     fp32_adapters = spec.trainable_dtype == "fp32"
-    per_feature = 4 if spec.precision == "bf16-true" and fp32_adapters else cb
+    bf16_true = not spec.precision.mixed and not spec.precision.all_fp32
+    per_feature = 4 if bf16_true and fp32_adapters else cb
     extra = 0
-    per_module = fp32_adapters and spec.precision != "fp32"  # a cast copy per adapted module
+    per_module = fp32_adapters and not spec.precision.all_fp32  # a cast copy per adapted module
     inputs: dict[str, int] = {}
     for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
         if lin.peft_kind == "parameter":  # fused MoE experts: plan/analytic/variants.py
@@ -224,7 +224,7 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
         retained = 4 * V * t + cb * arch.hidden_size * tokens  # hidden states for the recompute
         return retained, 8 * V * t
     if spec.litgpt_loss:
-        ls = 4 if spec.precision.endswith("-mixed") else cb  # log-softmax saved per chunk
+        ls = 4 if spec.precision.mixed else cb  # log-softmax saved per chunk (fp32 under autocast)
         chunk = min(tokens, LITGPT_LM_HEAD_CHUNK * spec.micro_batch_size)
         return (cb + ls) * V * tokens, 2 * ls * V * chunk
     if impl == "megatron":
@@ -280,10 +280,10 @@ def logprob_bytes(arch: Arch, spec: RunSpec, cb: int, rows: int) -> dict[str, in
             positions, CHUNKED_LOSS_TOKENS), "backward": backward}
     row = V * min(per_row, lengths(spec).sequence)  # elements of one row's logits
     T = V * positions
-    if spec.precision == "fp32":  # logits fp32: gather + a logsumexp per row (their input kept)
+    if spec.precision.all_fp32:  # logits fp32: gather + a logsumexp per row (their input kept)
         return {"kept": 4 * T, "forward": 4 * 4 * row, "reference": 4 * T + 16 * row,
                 "backward": 12 * T}  # the gather's scatter, the rows' stack, their sum
-    if spec.precision == "bf16-true":  # a 16-bit log_softmax per row, its output kept
+    if not spec.precision.mixed:  # bf16-true: a 16-bit log_softmax per row, its output kept
         return {"kept": cb * T, "forward": cb * T + 2 * cb * row,
                 "reference": cb * T + 2 * cb * row, "backward": 2 * cb * T}
     kept = 4 * T  # autocast: each row's log_softmax runs (and is kept) in fp32

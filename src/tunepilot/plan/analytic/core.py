@@ -132,7 +132,7 @@ def _model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
     frozen = _frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
     copies, copy_b = variants.saved_module_bytes(arch, spec)  # modules_to_save: base dtype
     trainable_bytes = (params.trainable - copies) * pb + copies * copy_b
-    if spec.mixed:  # the fp32 parameters updated are the master copy
+    if spec.precision.mixed:  # the fp32 parameters updated are the master copy
         weights, master = frozen, trainable_bytes
     else:
         weights, master = frozen + trainable_bytes, 0
@@ -232,7 +232,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
     shard = spec.parallel.world_size if spec.parallel.strategy == "fsdp" else 1
     saved, layer_ws = saved_activations(arch, spec, cb, sb, tokens)
     casts_fwd = casts_bwd = 0
-    if spec.mixed and (spec.method.kind == "full" or spec.frozen_base_dtype == "fp32"):
+    if spec.precision.mixed and (spec.method.kind == "full" or spec.frozen_base_dtype == "fp32"):
         # autocast casts each fp32 weight to 16 bit per matmul and caches the trainable ones
         # until the forward ends; autograd saves the casts for the input gradients - unless the
         # layer is checkpointed, then only lm_head's (outside the checkpointed layers) survives.
@@ -240,7 +240,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         casts_bwd = casts_fwd if spec.activation_checkpointing == "none" else \
             2 * s.lm_head_weights // shard
     fp8_ws = 0
-    if spec.is_fp8:  # FP8's casts, saves, working set and all-gather (plan/analytic/fp8.py)
+    if spec.precision.is_fp8:  # FP8's casts, saves, working set and all-gather (plan/analytic/fp8.py)
         from tunepilot.plan.analytic.fp8 import fp8_terms
 
         f8 = fp8_terms(spec, arch, cb, tokens, shard, s.linear_weights, casts_fwd)

@@ -30,12 +30,12 @@ def frozen_copies_bytes(spec: RunSpec, total_params: int) -> int:
     each in the compute dtype (as TRL and axolotl load them: bf16 unless the run is fp32)."""
     o = spec.objective
     n = int(o.reference_kind(spec.method.kind) == "copy") + int(o.reward_model == "copy")
-    return n * total_params * (4 if spec.precision == "fp32" else 2)
+    return n * total_params * spec.precision.frozen_copy.compute_bytes
 
 
 def kv_cache_bytes(arch: Arch, spec: RunSpec, tokens_per_row: int, rows: int) -> int:
     """transformers' KV cache: keys and values of every layer, in the compute dtype."""
-    cb = 4 if spec.precision == "fp32" else 2
+    cb = spec.precision.compute_bytes
     return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * cb * tokens_per_row * rows
 
 

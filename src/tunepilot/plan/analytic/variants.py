@@ -130,9 +130,9 @@ def head_grad_bytes(arch: Arch, spec: RunSpec) -> int:
     if spec.method.is_lora:
         b = DTYPE_BYTES[spec.frozen_base_dtype]
     elif spec.parallel.strategy == "fsdp" and spec.parallel.world_size > 1:
-        b = 4 if spec.precision == "fp32" else 2
+        b = spec.precision.compute_bytes  # FSDP gathers it in the compute dtype
     else:
-        b = 2 if spec.precision == "bf16-true" else 4
+        b = spec.precision.parameter_bytes
     return b * arch.vocab_size * arch.hidden_size
 
 
@@ -198,10 +198,10 @@ def dora_magnitude_params(arch: Arch, spec: RunSpec) -> int:
 def _dora_dtypes(spec: RunSpec) -> tuple[bool, int, int, bool]:
     """(autocast on, adapter/input bytes, 16-bit compute bytes, the base weight needs a cast
     to the adapter's dtype)."""
-    autocast = spec.mixed
+    autocast = spec.precision.mixed
     ab = DTYPE_BYTES[spec.trainable_dtype]
     base = "bf16" if spec.method.kind == "qlora" else spec.frozen_base_dtype
-    return autocast, ab, 4 if spec.precision == "fp32" else 2, DTYPE_BYTES[base] != ab
+    return autocast, ab, spec.precision.compute_bytes, DTYPE_BYTES[base] != ab
 
 
 def dora_saved_per_token(arch: Arch, spec: RunSpec) -> int:

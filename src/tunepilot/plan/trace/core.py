@@ -199,7 +199,7 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
                      f"{COMPILE_SAVED_FRACTION:g} for Inductor's recompute of pointwise ops "
                      "(MODELLED, not traced)")
     buckets = 0
-    if spec.is_fp8:  # the trace ran the bf16 stand-in: FP8's difference is modelled on top
+    if spec.precision.is_fp8:  # the trace ran the bf16 stand-in: FP8's difference is modelled on top
         phases_in = _fp8_on_trace(spec, arch, stack, phases_in)
         notes.append(f"{spec.precision}: traced as bf16-mixed (FP8 kernels do not run on a "
                      "CPU); FP8's difference in each phase - weight casts, saved inputs, the "

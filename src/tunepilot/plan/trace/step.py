@@ -156,7 +156,7 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
     t.run = build_run(bspec, "meta" if fake else dev, total_steps=2, config=config, data=False,
                       prepare=prepare, optimizer=factory, prepare_reference=prepare_reference)
     t.run.spec = spec
-    if spec.precision == "fp16-mixed":  # GradScaler's inf check reads values fake tensors lack
+    if spec.precision.needs_grad_scaler:  # GradScaler's inf check reads values fake tensors lack
         with t.fake_mode or contextlib.nullcontext():
             t.run.state.scaler = ScalerStandIn(dev)
     return t
@@ -201,7 +201,7 @@ def register_model(tracker: StorageTracker, model, spec, nf4: dict, reference=No
     """Register parameters and buffers (a sharded model's local shards) and a DPO/GRPO
     reference copy's; return the model's figures: counts (`counts`, taken before sharding,
     when given), bytes as held here."""
-    mixed = spec.mixed
+    mixed = spec.precision.mixed
     rows, seen = [], set()
     trainable_bytes = 0
     for p in model.parameters():
@@ -345,7 +345,7 @@ def _trace_generation(t: _Traced, padded: bool) -> None:
     from transformers import DynamicCache
 
     from tunepilot.spec.objective import generation_batch, lengths
-    from tunepilot.training.step import autocast_context
+    from tunepilot.training.autocast import autocast_context, autocast_dtype
 
     spec, model = t.spec, t.run.model
     ln, g = lengths(spec), generation_batch(spec)
@@ -353,9 +353,7 @@ def _trace_generation(t: _Traced, padded: bool) -> None:
     vocab = int(cfg.vocab_size)
     heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    dtype = next(model.parameters()).dtype
-    if spec.precision.endswith("-mixed"):
-        dtype = torch.float16 if spec.precision == "fp16-mixed" else torch.bfloat16
+    dtype = autocast_dtype(spec) or next(model.parameters()).dtype
     model.eval()
     with torch.no_grad(), autocast_context(spec, t.dev.type), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # past_key_values -> cache (5.x)
@@ -496,7 +494,7 @@ def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str
     t0 = time.perf_counter()
     t = build_traced(spec, config, stack, fake=fake, device=device)
     # tracing on the CPU for a GPU: apply CUDA autocast's float32 op list (CPU autocast's differs)
-    cuda_rules = spec.precision.endswith("-mixed") and t.dev.type == "cpu" and stack != "cpu"
+    cuda_rules = spec.precision.mixed and t.dev.type == "cpu" and stack != "cpu"
     if cuda_rules:
         t.notes.append("autocast: CUDA's rules (its float32 op list: layer_norm, softmax, pow, "
                        "exp, sum, ... run in fp32) applied to the CPU trace")
