@@ -88,7 +88,7 @@ def test_the_global_batch_is_held_fixed_across_card_counts_in_quote_and_scale(co
     q = quote(spec, card_id=CARD, count=count, term_s=None)
     batches = plan_batches(spec, count)
     assert q.batch.global_batch_samples == batches.global_batch_samples == \
-        spec.global_batch_samples == 16
+        spec.batch.global_samples == 16
     assert q.batch.accumulation_per_rank == batches.accumulation
     assert q.tokens_per_step == 16 * 2048  # the same optimizer step on 1 or 8 cards
     assert q.optimizer_steps == quote(spec, card_id=CARD, count=1, term_s=None).optimizer_steps
@@ -156,14 +156,14 @@ def test_the_scaling_test_refuses_what_the_quote_rounds():
         plan_batches(spec, 2)
 
 
-def test_steps_per_epoch_count_a_last_partial_step_as_hf_does():
-    """2.5 steps' worth of data run as 3 optimizer steps in the HF Trainer (and axolotl)."""
-    from tunepilot.results.data import Batching
-
-    b = Batching(padding_fraction=Figure.measured(0.0, "fraction"),
-                 useful_fraction=Figure.measured(1.0, "fraction"), items=10, positions=10_000,
-                 steps_per_epoch=2)
-    assert b.steps_on(1, 2, 2) == 3  # 10 samples = 5 micro-batches = 2.5 steps
-    assert b.steps_on(2, 1, 2) == 3  # 5 per rank, 5 micro-batches, 3 steps
+def test_steps_per_epoch_are_what_the_loader_draws():
+    """One epoch rule (spec/batch.py) for data, quote and report, as dataset/loader.py draws:
+    floor(items / W) per rank (the sampler's drop_last), whole micro-batches (the loader's
+    drop_last), and a partial accumulation carried into the next epoch by the stream."""
+    b = _spec(micro_batch_size=2, gradient_accumulation_steps=2).batch  # G = 4 samples
+    assert b.steps_per_epoch(10, 1) == 2  # 5 micro-batches of 2 make 2 whole steps (2.5)
+    assert b.steps_for_epochs(2, 10, 1) == 5  # two epochs: 10 micro-batches, 5 steps
+    assert b.steps_per_epoch(11, 2) == 2  # 5 items per rank, 2 micro-batches of 2, accum 1
+    assert b.steps_per_epoch(3, 1) == 0  # an epoch shorter than a step
 
 

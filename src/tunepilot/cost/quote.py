@@ -42,6 +42,7 @@ from tunepilot.results.quote import (
     BatchOnCards,
     Quote,
     QuoteThroughput,
+    RunNumbers,
     TimeTerm,
 )
 from tunepilot.spec import RunSpec
@@ -76,7 +77,7 @@ class QuoteContext:
         spec's tokens; epochs x the supervised tokens of one epoch (the dataset's profile, else
         target.dataset_tokens); or target.steps x the tokens of a step x the useful fraction."""
         t = self.spec.target
-        per_step = self.spec.tokens_per_step_on(count) * useful.value
+        per_step = self.spec.batch.positions_per_step_on(count) * useful.value
         if t.steps is not None:
             return t.steps * per_step, t.steps
         tokens = (t.epochs * self.profile.tokens_supervised.value
@@ -84,13 +85,18 @@ class QuoteContext:
         return tokens, self.epoch_steps(count) or math.ceil(tokens / per_step)
 
     def epoch_steps(self, count: int) -> int | None:
-        """Optimizer steps of the spec's epochs on ``count`` ranks (from the profile), at the
-        global-batch rule (RunSpec.batch_on)."""
+        """Optimizer steps of the spec's epochs on ``count`` ranks (from the profile's items),
+        as the loader draws them (spec/batch.py: the one epoch rule); at least one."""
         if self.spec.target.epochs is None or self.profile is None:
             return None
-        b = self.spec.batch_on(count, exact=False)
-        per = self.profile.used.steps_on(count, b.micro_batch_size, b.accumulation)
-        return max(1, math.ceil(self.spec.target.epochs * per))
+        return max(1, self.spec.batch.steps_for_epochs(self.spec.target.epochs,
+                                                       self.profile.used.items, count))
+
+    def steps_per_epoch(self, count: int) -> int | None:
+        """Optimizer steps of one epoch of the profiled dataset on ``count`` ranks."""
+        if self.profile is None:
+            return None
+        return self.spec.batch.steps_per_epoch(self.profile.used.items, count)
 
     @property
     def load_bytes(self) -> int:
@@ -267,7 +273,7 @@ def _validation(ctx: QuoteContext, card: Card, useful: Figure, one: Figure) -> F
                                "per-card throughput ratio")
     if val is None:
         spec, f = ctx.spec, ctx.flops
-        vt = spec.validation.num_batches * spec.tokens_per_micro_batch
+        vt = spec.validation.num_batches * spec.batch.positions_per_micro_batch
         val = Figure.projected(vt * f.forward / f.train / one.value, "s",
                                f"{vt:,} tokens forward only (forward/training FLOPs "
                                f"{f.forward / f.train:.2f}) at the per-card rate; each rank runs "
@@ -324,7 +330,7 @@ def _job(ctx: QuoteContext, card: Card, count: int, strategy: str):
     useful = useful_fraction(ctx)
     one = per_card(ctx, card, useful)
     eff, total = scaled(ctx, card, count, strategy, one)
-    tokens_per_step = spec.tokens_per_step_on(count)
+    tokens_per_step = spec.batch.positions_per_step_on(count)
     target, steps = ctx.target(count, useful)
     t = _Terms()
     _fixed_terms(ctx, card, t)
@@ -338,6 +344,31 @@ def _job(ctx: QuoteContext, card: Card, count: int, strategy: str):
     throughput = QuoteThroughput(useful_fraction=useful, per_card=one, efficiency=eff,
                                  total=total)
     return throughput, t.terms, job, steps, tokens_per_step, target
+
+
+def run_numbers(ctx: QuoteContext, card: Card, count: int, throughput: QuoteThroughput,
+                steps: int) -> RunNumbers:
+    """The run in numbers on ``count`` cards (spec/batch.py): what the training term is made
+    of, and the MFU that one card's throughput implies over the spec's peak."""
+    split = ctx.spec.batch.on(count, exact=False)
+    u, fpt = throughput.useful_fraction, ctx.flops.train
+    per_step = fpt * split.positions_per_step
+    positions_per_s = throughput.per_card.value / u.value if u.value else 0.0
+    key = ctx.spec.precision.peak_key
+    peak = card.peak_flops(key) or float("nan")
+    return RunNumbers(
+        sequences_per_sample=ctx.spec.batch.sequences_per_sample,
+        positions_per_micro_batch=split.positions_per_micro_batch,
+        positions_per_step=split.positions_per_step, useful_fraction=u.value,
+        useful_tokens_per_step=split.useful_tokens_per_step(u.value), optimizer_steps=steps,
+        steps_per_epoch=ctx.steps_per_epoch(count),
+        flops_per_step=Figure.projected(per_step, "FLOP", f"{fpt:.4g} FLOP/token x "
+                                        f"{split.positions_per_step:,} positions per step"),
+        mfu=Figure(value=positions_per_s * fpt / peak, unit="fraction",
+                   basis=throughput.per_card.basis,
+                   how=f"one card's {positions_per_s:,.0f} positions/s (useful tokens/s / useful "
+                       f"fraction) x {fpt:.4g} FLOP/token / {card.id} dense {key} peak "
+                       f"{peak / 1e12:g} TFLOP/s"))
 
 
 def _cost_per_million(cents: int | Decimal, tokens: float) -> Decimal | None:
@@ -388,14 +419,15 @@ def build_quote(ctx: QuoteContext, card: Card, count: int, term_s: int | None, o
         notes.append(f"the term is {(job.value - term.term_s) / 3600:,.1f} h short: it delivers "
                      f"{share:.0%} of the target")
     notes += unit_notes(ctx.spec, target)
-    split = ctx.spec.batch_on(count, exact=False)
+    split = ctx.spec.batch.on(count, exact=False)
     if split.note:
         notes.append(split.note)
     return Quote(
         spec_label=ctx.spec.label, spec_hash=ctx.spec.spec_hash(), card_id=card.id, count=count,
         strategy=strategy, precision=ctx.spec.precision, tight=tight,
         target_useful_tokens=target, optimizer_steps=steps,
-        tokens_per_step=tps, flops_per_token=Figure.projected(
+        tokens_per_step=tps, run=run_numbers(ctx, card, count, throughput, steps),
+        flops_per_token=Figure.projected(
             ctx.flops.train, "FLOP/token", ctx.flops.formula),
         throughput=throughput, time_terms=terms, job_s=job, term=term,
         batch=BatchOnCards(global_batch_samples=split.global_samples,

@@ -190,7 +190,7 @@ def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Fig
                              f"nproc={entry.nproc} on {card.id}, applied at {count}")
     else:
         value, how = efficiency_parts(strategy, count, None,
-                                      ctx.spec.tokens_per_step_on(count) / count,
+                                      ctx.spec.batch.positions_per_step_on(count) / count,
                                       card.peak_flops("bf16") / 1e12)
         e = Figure.projected(value, "fraction", f"{count} cards: {how}")
     return e, Figure.projected(count * e.value * one.value, "tokens/s",

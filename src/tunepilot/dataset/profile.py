@@ -52,7 +52,8 @@ def profile_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None
         spec_hash=spec.spec_hash(), source=info.source, path=info.path,
         format=spec.data.data_format, tokenizer=info.tokenizer, chat_template=info.chat_template,
         train_on=spec.data.supervise, sequence_length=S, micro_batch_size=mb,
-        gradient_accumulation_steps=ga, samples=len(full), skipped_rows=info.skipped_rows,
+        gradient_accumulation_steps=ga, world_size=spec.parallel.world_size,
+        samples=len(full), skipped_rows=info.skipped_rows,
         tokens_total=Figure.measured(int(full.sum()), "tokens",
                                      f"{what}, after the chat template, before truncation"),
         tokens_supervised=Figure.measured(int(sup.sum()), "tokens",
@@ -109,12 +110,11 @@ def _rows(spec: RunSpec) -> tuple[int, int, int]:
     """(items per micro-batch, policy rows per item, positions added per row): a pair is two
     rows; a prompt num_generations rows of prompt + completion, prompts_per_generation prompts
     per batch."""
-    from tunepilot.spec.objective import prompts_per_generation
-
-    o = spec.objective
+    o, b = spec.objective, spec.batch
+    items = b.loader_batch(b.own)
     if o.generative:
-        return prompts_per_generation(spec), o.generations, _completion(spec)
-    return spec.micro_batch_size, o.sequences_per_sample, 0
+        return items, o.generations, _completion(spec)
+    return items, b.sequences_per_sample, 0
 
 
 def _objective_shape(spec: RunSpec, samples):
@@ -149,7 +149,7 @@ def _batching(lengths: np.ndarray, supervised: np.ndarray, spec: RunSpec, how: s
     """One epoch of micro-batches in the loader's order (the sampler's permutation of epoch 0,
     drop_last): positions, padding and supervised tokens (``rows_per_item`` policy rows per
     item - 2 for a pair, num_generations for a prompt - each ``extra_per_row`` longer: the
-    generated completion)."""
+    generated completion); optimizer steps by the one epoch rule (spec/batch.py)."""
     import torch
 
     n, mb = len(lengths), mb or spec.micro_batch_size
@@ -166,6 +166,4 @@ def _batching(lengths: np.ndarray, supervised: np.ndarray, spec: RunSpec, how: s
                                          f"padded positions / all positions; {how}"),
         useful_fraction=Figure.measured(useful / positions if positions else None, "fraction",
                                         f"trained tokens / all positions; {how}"),
-        items=n, positions=positions,
-        steps_per_epoch=nb // (1 if spec.objective.generative else
-                               spec.gradient_accumulation_steps))
+        items=n, positions=positions, steps_per_epoch=spec.batch.steps_per_epoch(n))

@@ -76,7 +76,7 @@ def run_block(m: Measurements) -> RunBlock:
                     gradient_accumulation_steps=sp.gradient_accumulation_steps,
                     activation_checkpointing=sp.activation_checkpointing, trainer=m.trainer,
                     objective=sp.objective.kind,
-                    tokens_per_optimizer_step=M(sp.tokens_per_optimizer_step, "tokens",
+                    tokens_per_optimizer_step=M(sp.batch.positions_per_step, "tokens",
                                                 covers=None if m.trainer == "tunepilot" else
                                                 "at the longest sequence seen"))
 

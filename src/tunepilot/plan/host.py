@@ -65,8 +65,8 @@ class Layout:
 
     @classmethod
     def on_cards(cls, spec: RunSpec, count: int, strategy: str) -> Layout:
-        """``count`` cards in nodes of up to 8, the spec's global batch held (RunSpec.batch_on)."""
-        split = spec.batch_on(count, exact=False)
+        """``count`` cards in nodes of up to 8, the spec's global batch held (spec/batch.py)."""
+        split = spec.batch.on(count, exact=False)
         return cls(count, min(count, GPUS_PER_NODE), strategy, split.micro_batch_size)
 
 

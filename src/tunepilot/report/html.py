@@ -233,7 +233,7 @@ def _scaling(sc: ScalingResult | None) -> dict | None:
 def _cost(cmp: Comparison | None, quote: Quote | None) -> dict | None:
     if cmp is None and quote is None:
         return None
-    out: dict = {"chart": None, "term_rows": None}
+    out: dict = {"chart": None, "term_rows": None, "run_rows": None}
     if cmp is not None:
         items = [{"label": f"{r.card_id} x{r.count}",
                   "value": float(r.cost_per_million_term_usd or r.cost_per_million_job_usd or 0),
@@ -253,7 +253,23 @@ def _cost(cmp: Comparison | None, quote: Quote | None) -> dict | None:
                                  Markup(f"<b>{escape(fmt_cents(term.total_cents))}</b>")])
         out["time_rows"] = [[t.name, fmt_seconds(t.total.value), _basis(t.total), t.each.how]
                             for t in quote.time_terms]
+        out["run_rows"] = _run_numbers(quote)
     return out
+
+
+def _run_numbers(quote: Quote) -> list[list] | None:
+    """The quote's run in numbers (spec/batch.py), as the quote view prints it."""
+    r = quote.run
+    if r is None:
+        return None
+    return [["sequences per sample", r.sequences_per_sample],
+            ["token positions per optimizer step", f"{r.positions_per_step:,}"],
+            ["useful fraction", f"{r.useful_fraction:.3g}"],
+            ["useful tokens per optimizer step", f"{r.useful_tokens_per_step:,.0f}"],
+            ["optimizer steps", f"{r.optimizer_steps:,}"],
+            ["steps per epoch", "-" if r.steps_per_epoch is None else f"{r.steps_per_epoch:,}"],
+            ["FLOPs per optimizer step", f"{r.flops_per_step.value:.4g}"],
+            ["MFU", f"{r.mfu.value:.3g}"]]
 
 
 def _flatten(d, prefix="") -> list[tuple[str, str]]:

@@ -40,21 +40,13 @@ class Batching(Model):
     positions: int
     """token positions of one epoch's micro-batches (on one device)"""
     steps_per_epoch: int
-    """optimizer steps of one epoch (drop_last, on one device)"""
+    """optimizer steps of one epoch at the spec's ranks, as the loader draws it (drop_last;
+    spec/batch.py steps_per_epoch)"""
 
     @property
     def mean_padded_length(self) -> float | None:
         """Token positions per item: the mean length a micro-batch row is padded to."""
         return self.positions / self.items if self.items else None
-
-    def steps_on(self, world_size: int, micro_batch_size: int, accumulation: int) -> int:
-        """Optimizer steps of one epoch over ``world_size`` ranks, as the HF Trainer (and
-        axolotl, TRL) runs it: each rank reads ceil(items / W) samples (the distributed sampler
-        pads), in ceil(that / micro_batch_size) micro-batches (no drop_last), and a last
-        partial accumulation still steps: 2.5 steps' worth of data run as 3."""
-        per_rank = -(-self.items // world_size)
-        batches = -(-per_rank // micro_batch_size)
-        return -(-batches // accumulation)
 
 
 class DataProfile(StageResult):
@@ -69,6 +61,8 @@ class DataProfile(StageResult):
     sequence_length: int
     micro_batch_size: int
     gradient_accumulation_steps: int
+    world_size: int = 1
+    """the ranks steps_per_epoch is counted on (the spec's parallel.world_size)"""
     samples: int
     skipped_rows: int = 0
     tokens_total: Figure

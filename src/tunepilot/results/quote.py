@@ -101,6 +101,31 @@ class BatchOnCards(Model):
     note: str | None = None
 
 
+class RunNumbers(Model):
+    """The run in numbers at this card count (spec/batch.py), what the terms are made of: the
+    quote prints it before them, as the plan prints its tokens per step."""
+
+    sequences_per_sample: int
+    """sequences through the policy per sample: 2 for a preference pair, else 1"""
+    positions_per_micro_batch: int
+    """token positions of one rank's micro-batch (padding included)"""
+    positions_per_step: int
+    """token positions of one optimizer step over every card"""
+    useful_fraction: float
+    """trained tokens / token positions (the throughput's useful fraction)"""
+    useful_tokens_per_step: float
+    optimizer_steps: int
+    steps_per_epoch: int | None = None
+    """optimizer steps of one epoch of the profiled dataset at this card count (None: no
+    dataset profile)"""
+    flops_per_step: Figure
+    """training FLOPs of one optimizer step: FLOPs per token x positions per step"""
+    mfu: Figure
+    """the model FLOP utilisation one card's throughput implies (positions/s x FLOPs per token
+    / the card's dense peak): training time = steps x FLOPs per step / (MFU x peak x cards x
+    scaling efficiency)"""
+
+
 class RunSource(Model):
     """The run directory a quote took measurements from."""
 
@@ -131,6 +156,8 @@ class Quote(StageResult, _Derived):
     """training FLOPs per token (model/flops.py, the same function the pilot's MFU uses)"""
     throughput: QuoteThroughput
     batch: BatchOnCards | None = None
+    run: RunNumbers | None = None
+    """the run in numbers: positions, useful tokens and FLOPs per step, steps, MFU"""
     time_terms: list[TimeTerm]
     job_s: Figure
     term: TermCost

@@ -20,13 +20,16 @@ class BatchPlan(Model):
     baseline_accumulation: int
     sequence_length: int
     note: str | None = None
+    positions_per_step: int | None = None
+    """token positions per optimizer step, sequences per sample included (spec/batch.py)"""
 
     @property
     def arithmetic(self) -> str:
+        positions = self.positions_per_step or self.global_batch_samples * self.sequence_length
         return (f"{self.micro_batch_size} micro-batch x {self.accumulation} accumulation x "
                 f"{self.world_size} ranks = {self.micro_batch_size} x "
                 f"{self.baseline_accumulation} x 1 rank = {self.global_batch_samples} samples per "
-                f"optimizer step (<= {self.global_batch_samples * self.sequence_length:,} tokens)")
+                f"optimizer step (<= {positions:,} token positions)")
 
 
 class Distribution(Model):

@@ -39,15 +39,16 @@ DEFAULT_TIMEOUT_S = 600.0
 
 def plan_batches(spec: RunSpec, world: int) -> BatchPlan:
     """Micro-batch and accumulation per rank for W ranks and for the 1-rank baseline, by the
-    spec's global-batch rule (RunSpec.batch_on, which the quote uses too)."""
-    split = spec.batch_on(world)
+    spec's global-batch rule (spec.batch.on in spec/batch.py, which the quote uses too)."""
+    split = spec.batch.on(world)
     note = None if split.note is None else (split.note + f"; the baseline uses "
                                             f"{split.micro_batch_size} too, so both measure the "
                                             "same work per micro-batch")
     return BatchPlan(global_batch_samples=split.global_samples, world_size=world,
                      micro_batch_size=split.micro_batch_size, accumulation=split.accumulation,
                      baseline_accumulation=split.global_samples // split.micro_batch_size,
-                     sequence_length=spec.sequence_length, note=note)
+                     sequence_length=spec.sequence_length, note=note,
+                     positions_per_step=split.positions_per_step)
 
 
 def _check_request(strategies: tuple[str, ...], steps: int, warmup_steps: int) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tunepilot.errors import SpecError, UserError, did_you_mean
+from tunepilot.errors import SpecError, did_you_mean
+from tunepilot.spec.batch import Batch
 from tunepilot.spec.kernels import KernelSpec
 from tunepilot.spec.method import MethodSpec, check_quant_storage, quant_storage_for
 from tunepilot.spec.objective import ObjectiveSpec
@@ -278,17 +278,6 @@ class TargetSpec(_Strict):
         return None
 
 
-@dataclass(frozen=True)
-class BatchSplit:
-    """The global batch on W ranks: W x micro_batch_size x accumulation = global_samples."""
-
-    global_samples: int
-    world_size: int
-    micro_batch_size: int
-    accumulation: int
-    note: str | None = None
-
-
 class RunSpec(_Strict):
     """One fine-tuning run, as the person intends to run it."""
 
@@ -431,60 +420,14 @@ class RunSpec(_Strict):
         return self.precision.frozen_base_dtype
 
     @property
-    def tokens_per_micro_batch(self) -> int:
-        """Token positions through the policy per micro-batch: a pair is two sequences (chosen
-        and rejected), a generative micro-batch counts completions of prompt + completion."""
-        return self.micro_batch_size * self.sequence_length * self.objective.sequences_per_sample
+    def batch(self) -> Batch:
+        """The batch in numbers: global batch, token positions per micro-batch and per step,
+        steps per epoch (spec/batch.py, the one rule every stage calls)."""
+        return Batch(self)
 
     @property
     def validation_micro_batch_size(self) -> int:
         return self.validation.micro_batch_size or self.micro_batch_size
-
-    @property
-    def global_batch_samples(self) -> int:
-        """Samples per optimizer step over every rank."""
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.parallel.world_size
-
-    @property
-    def tokens_per_optimizer_step(self) -> int:
-        """Token positions per optimizer step over every rank (padding included)."""
-        return self.tokens_per_micro_batch * self.gradient_accumulation_steps * \
-            self.parallel.world_size
-
-    def batch_on(self, world_size: int, *, exact: bool = True) -> BatchSplit:
-        """The global-batch rule across card counts, for the scaling test and the quote alike:
-        the spec's global batch G (micro_batch_size x accumulation x parallel.world_size) is
-        held fixed on ``world_size`` ranks, each rank taking G / W samples as micro-batch m
-        (the spec's, or the largest divisor of G / W under it) x accumulation a. A G that W
-        does not divide is refused (``exact``: the scaling test) or rounded up to whole
-        micro-batches per rank, said in the note (the quote)."""
-        g, m0 = self.global_batch_samples, self.micro_batch_size
-        if g % world_size == 0:
-            per_rank = g // world_size
-            micro = max(m for m in range(1, min(m0, per_rank) + 1) if per_rank % m == 0)
-            note = None if micro == m0 else (
-                f"micro-batch per rank is {micro}, not the spec's {m0}: {world_size} ranks hold "
-                f"{g} samples as {per_rank} each")
-            return BatchSplit(g, world_size, micro, per_rank // micro, note)
-        if exact:
-            raise UserError("--nproc", f"the spec's global batch of {g} samples (micro_batch_size "
-                            f"{m0} x gradient_accumulation_steps "
-                            f"{self.gradient_accumulation_steps} x {self.parallel.world_size} "
-                            f"device(s)) cannot be split evenly over {world_size} ranks, so the "
-                            "global batch could not be held equal.",
-                            f"Use a rank count that divides {g}, or set "
-                            f"gradient_accumulation_steps to a multiple of {world_size}.")
-        accumulation = -(-g // (m0 * world_size))
-        grown = m0 * accumulation * world_size
-        return BatchSplit(grown, world_size, m0, accumulation,
-                          f"{world_size} cards do not divide the global batch of {g} samples: "
-                          f"each takes {accumulation} micro-batches of {m0}, {grown} samples per "
-                          "step")
-
-    def tokens_per_step_on(self, world_size: int) -> int:
-        """Token positions per optimizer step over ``world_size`` ranks by the global-batch rule
-        (batch_on): the spec's global batch whatever the card count."""
-        return self.batch_on(world_size, exact=False).global_samples * self.sequence_length
 
     @property
     def label(self) -> str:

@@ -43,6 +43,29 @@ def render_term(term: TermCost, title: str) -> None:
     console.print(t)
 
 
+def render_run_numbers(q: Quote) -> None:
+    """The run in numbers, before the terms (spec/batch.py): a pair's two sequences, the
+    positions and useful tokens of a step, the steps, FLOPs per step and the MFU they run at."""
+    r = q.run
+    pairs = (f" x {r.sequences_per_sample} sequences per sample (chosen, rejected)"
+             if r.sequences_per_sample > 1 else "")
+    t = _table("The run in numbers", ["figure", "value", "how"], ("value",))
+    t.add_row("token positions per micro-batch", f"{r.positions_per_micro_batch:,}",
+              f"{q.batch.micro_batch_size if q.batch else '?'} samples{pairs} x sequence length")
+    t.add_row("token positions per optimizer step", f"{r.positions_per_step:,}",
+              f"{q.batch.global_batch_samples if q.batch else '?'} samples (global batch)"
+              f"{pairs} x sequence length, over {q.count} card(s)")
+    t.add_row("useful fraction", f"{r.useful_fraction:.3g}", "trained tokens / positions")
+    t.add_row("useful tokens per optimizer step", f"{r.useful_tokens_per_step:,.0f}",
+              "positions per step x useful fraction")
+    epoch = f"; {r.steps_per_epoch:,} per epoch" if r.steps_per_epoch is not None else ""
+    t.add_row("optimizer steps", f"{r.optimizer_steps:,}", f"to the target{epoch}")
+    t.add_row("FLOPs per optimizer step", f"{r.flops_per_step.value:.4g}",
+              f"{escape(r.flops_per_step.how)} {mark(r.flops_per_step.basis)}")
+    t.add_row("MFU", f"{r.mfu.value:.3g}", f"{escape(r.mfu.how)} {mark(r.mfu.basis)}")
+    console.print(t)
+
+
 def render_quote(q: Quote) -> None:
     console.print(f"[bold]{q.spec_label}[/bold] on {q.count} x {q.card_id} ({q.strategy}"
                   + (f", {q.precision}" if q.precision else "") + "); target "
@@ -55,6 +78,8 @@ def render_quote(q: Quote) -> None:
         console.print(f"global batch {b.global_batch_samples:,} samples on every card count "
                       f"(here {q.count} x {b.micro_batch_size} x {b.accumulation_per_rank} "
                       "accumulation); the scaling efficiency is measured under the same rule")
+    if q.run is not None:
+        render_run_numbers(q)
     if q.run_dir:
         console.print(f"run directory {q.run_dir.path} (measured on {q.run_dir.device}"
                       f"{', catalog card ' + q.run_dir.card_id if q.run_dir.card_id else ''})")

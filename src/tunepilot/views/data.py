@@ -26,7 +26,8 @@ def render_profile(p: DataProfile, written: Path | None = None) -> None:
               f"{fmt_number(p.truncated_samples)} samples", "")
     console.print(t)
     b = table(f"One epoch at micro-batch {p.micro_batch_size} x accumulation "
-              f"{p.gradient_accumulation_steps} (one device)",
+              f"{p.gradient_accumulation_steps} (positions on one device; steps on "
+              f"{p.world_size} rank(s), whole micro-batches as the loader draws them)",
               ["batching", "padding", "trained / positions", "positions", "steps per epoch"],
               right=["padding", "trained / positions", "positions", "steps per epoch"])
     for name, row in (("padded", p.padded), ("packed", p.packed)):

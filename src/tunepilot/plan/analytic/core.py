@@ -228,7 +228,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
     """The four phases of step 2+ and the validation pass, and the largest weight (what the
     load holds besides)."""
     cb, sb, _ = precision_bytes(spec)
-    tokens = spec.tokens_per_micro_batch
+    tokens = spec.batch.positions_per_micro_batch
     shard = spec.parallel.world_size if spec.parallel.strategy == "fsdp" else 1
     saved, layer_ws = saved_activations(arch, spec, cb, sb, tokens)
     casts_fwd = casts_bwd = 0
@@ -240,7 +240,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         casts_bwd = casts_fwd if spec.activation_checkpointing == "none" else \
             2 * s.lm_head_weights // shard
     fp8_ws = 0
-    if spec.precision.is_fp8:  # FP8's casts, saves, working set and all-gather (plan/analytic/fp8.py)
+    if spec.precision.is_fp8:  # FP8's casts, saves, working set, all-gather (analytic/fp8.py)
         from tunepilot.plan.analytic.fp8 import fp8_terms
 
         f8 = fp8_terms(spec, arch, cb, tokens, shard, s.linear_weights, casts_fwd)
@@ -337,8 +337,8 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
                                       varied=varied_shapes(spec)), phases=phases,
         peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
         bytes_per_param=_bytes_per_param(params, s, shard),
-        tokens_per_micro_batch=spec.tokens_per_micro_batch,
-        tokens_per_optimizer_step=spec.tokens_per_optimizer_step, world_size=N,
+        tokens_per_micro_batch=spec.batch.positions_per_micro_batch,
+        tokens_per_optimizer_step=spec.batch.positions_per_step, world_size=N,
         strategy=spec.parallel.strategy, stack=stack, assumptions=notes)
 
 

@@ -333,7 +333,7 @@ def kernel_notes(arch: Arch, spec: RunSpec) -> list[str]:
     k, notes = spec.kernels, []
     att = k.attention
     if att == "eager":
-        s_by_s = eager_attention_bytes(arch, spec, 2, spec.tokens_per_micro_batch)
+        s_by_s = eager_attention_bytes(arch, spec, 2, spec.batch.positions_per_micro_batch)
         notes.append("attention: eager - the (batch, heads, s, s) softmax output is saved per "
                      f"layer ({fmt_bytes(s_by_s)} over all layers in 16-bit compute)")
     else:
@@ -356,7 +356,8 @@ def kernel_notes(arch: Arch, spec: RunSpec) -> list[str]:
                      "cos/sin); its speed is in the time model")
     loss = loss_kernel(spec)
     if loss:
-        chunk = liger_chunk_tokens(spec.tokens_per_micro_batch, arch.vocab_size, arch.hidden_size)
+        chunk = liger_chunk_tokens(spec.batch.positions_per_micro_batch, arch.vocab_size,
+                                   arch.hidden_size)
         head = head_grad_bytes(arch, spec)
         notes.append(_LOSS_NOTES[loss].format(chunk=chunk, head=(
             f" and the lm_head's gradient ({fmt_bytes(head)}, from the forward on)" if head and

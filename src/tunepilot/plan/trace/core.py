@@ -199,7 +199,7 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
                      f"{COMPILE_SAVED_FRACTION:g} for Inductor's recompute of pointwise ops "
                      "(MODELLED, not traced)")
     buckets = 0
-    if spec.precision.is_fp8:  # the trace ran the bf16 stand-in: FP8's difference is modelled on top
+    if spec.precision.is_fp8:  # the trace ran the bf16 stand-in: FP8 is modelled on top
         phases_in = _fp8_on_trace(spec, arch, stack, phases_in)
         notes.append(f"{spec.precision}: traced as bf16-mixed (FP8 kernels do not run on a "
                      "CPU); FP8's difference in each phase - weight casts, saved inputs, the "
@@ -240,8 +240,8 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
         fidelity="trace", params=params, per_device=per_device, phases=phases,
         peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
         bytes_per_param=_bytes_per_param(params, per_device, shard),
-        tokens_per_micro_batch=spec.tokens_per_micro_batch,
-        tokens_per_optimizer_step=spec.tokens_per_optimizer_step, world_size=N,
+        tokens_per_micro_batch=spec.batch.positions_per_micro_batch,
+        tokens_per_optimizer_step=spec.batch.positions_per_step, world_size=N,
         strategy=strategy, stack=stack, assumptions=notes, trace=trace)
     plan.differences = differences(plan, analytic)
     return plan
@@ -327,7 +327,7 @@ def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, phases:
         if arch is None:
             raise ValueError("activation_offloading on a traced plan needs the architecture")
         cb, sb, _ = precision_bytes(spec)
-        tokens = spec.tokens_per_micro_batch
+        tokens = spec.batch.positions_per_micro_batch
         plain = without_offload(spec)
         full, _ = saved_activations(arch, plain, cb, sb, tokens)
         dev, _ = saved_activations(arch, spec, cb, sb, tokens)

@@ -415,7 +415,7 @@ def _run_two_steps(t: _Traced) -> tuple[int, object, dict]:
     for p in (q for q in state.model.parameters() if q.requires_grad):
         p.register_post_accumulate_grad_hook(lambda q: tr.classify(q.grad, "gradients"))
     mask = _batch_mask(t)
-    num_items = torch.full((), float(spec.tokens_per_micro_batch *
+    num_items = torch.full((), float(spec.batch.positions_per_micro_batch *
                                      spec.gradient_accumulation_steps), device=t.dev)
     state.model.train()
     cuda = t.dev.type == "cuda"
