@@ -27,6 +27,7 @@ from tunepilot.integrations.importers.common import (
     relative_to,
     truthy,
 )
+from tunepilot.spec.precision import Precision
 
 FORMATS = ("axolotl", "llamafactory", "trl", "hf")
 _YAML_LIMIT_BYTES = 4 << 20
@@ -217,14 +218,18 @@ def _schedule(m: Mapper) -> None:
 
 def _tf32(m: Mapper) -> None:
     """tf32: true lets fp32 matmuls use TF32 tensor cores: no effect on memory; the quote
-    prices an fp32 run at the fp32 peak (model/flops.py peak_precision), an upper bound on its
-    time with TF32 on."""
+    prices an fp32 run at the fp32 peak (spec.precision.peak_key), an upper bound on its time
+    with TF32 on."""
     if not truthy(m.get("tf32")):
         return
     precision = m.spec.get("precision", "fp32")
+    try:
+        all_fp32 = Precision(precision).all_fp32
+    except ValueError:  # not a precision tunepilot plans: the spec's own check names it
+        all_fp32 = False
     m.note("tf32: true - fp32 matmuls on TF32 tensor cores: no effect on memory; " + (
         "the quote prices this fp32 run at the fp32 peak, so its time is an upper bound"
-        if precision == "fp32" else f"precision {precision} runs the matmuls in 16 or 8 bit, "
+        if all_fp32 else f"precision {precision} runs the matmuls in 16 or 8 bit, "
         "so TF32 touches only the few fp32 ones (not modelled)"))
 
 
