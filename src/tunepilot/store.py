@@ -62,11 +62,22 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write_bytes(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
 
 
+MAX_RESULT_BYTES = 256 << 20  # a stage result with every per-step figure is a few MiB
+
+
 def read_json(path: Path) -> Any:
+    """A stage result or manifest of a run directory: a regular file of at most
+    MAX_RESULT_BYTES and valid JSON (a FIFO or /dev/zero in its place is refused at once)."""
+    from tunepilot.limits import Refused, read_capped
+
     try:
-        return json.loads(Path(path).read_text())
+        data = read_capped(path, MAX_RESULT_BYTES)
+        value = json.loads(data)
     except FileNotFoundError:
         raise UserError(None, f"{str(path)!r} does not exist.") from None
+    except Refused as exc:
+        raise UserError(None, f"{str(path)!r} {exc}.", "Point at a run directory a stage "
+                        "wrote.") from None
     except (json.JSONDecodeError, RecursionError) as exc:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
         raise UserError(None, f"{str(path)!r} is not valid JSON ({msg}).",
@@ -74,6 +85,7 @@ def read_json(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(None, f"cannot read {str(path)!r}: {exc}.",
                         "Check the path and its permissions.") from None
+    return value
 
 
 def default_run_dir(spec) -> Path:
@@ -121,11 +133,25 @@ class RunDir:
         return self.file(result.stage)
 
     def manifest(self) -> Manifest:
+        """The run's manifest.json (an empty one when there is none); a manifest of the wrong
+        shape is a UserError naming the file and the field, never a pydantic traceback."""
+        from pydantic import ValidationError
+
         p = self.path / MANIFEST
         if not p.exists():
             return Manifest()
         data = read_json(p)
-        return Manifest.model_validate(data) if isinstance(data, dict) else Manifest()
+        if not isinstance(data, dict):
+            raise UserError(None, f"{str(p)!r} is not a run manifest (a JSON object).",
+                            "Point at a run directory a stage wrote, or remove the file.")
+        try:
+            return Manifest.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors(include_url=False)[0]
+            where = ".".join(str(x) for x in err["loc"])[:80]
+            raise UserError(None, f"{str(p)!r} is not a run manifest tunepilot can read: "
+                            f"{where}: {str(err['msg'])[:160]}.", "It was edited or written "
+                            "by another tool; re-run a stage into a fresh directory.") from None
 
     def update_manifest(self, **fields: Any) -> Manifest:
         m = self.manifest().model_dump(mode="json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +172,32 @@ def progress_problem(saved: object, step: int, useful_tokens_seen: int) -> str |
     if saved["useful_tokens_seen"] != useful_tokens_seen:
         return (f"says {saved['useful_tokens_seen']:,} useful tokens seen, the manifest "
                 f"{useful_tokens_seen:,}")
+    return None
+
+
+def scheduler_state_problem(saved: object) -> str | None:
+    """What is wrong with a saved LR scheduler state (LambdaLR.state_dict() as to_json writes
+    it): the keys a load_state_dict needs, of their types (the epoch is not compared with the
+    manifest's step: a library caller's TrainState may step its scheduler its own way). None
+    when it fits; the fresh load then loads it into a real LambdaLR."""
+    if not isinstance(saved, dict):
+        return f"is {type(saved).__name__}, not an LR scheduler state (a JSON object)"
+    missing = [k for k in ("base_lrs", "last_epoch", "_step_count") if k not in saved]
+    if missing:
+        return f"has no {', '.join(missing)} (not an LR scheduler state)"
+    lrs = saved["base_lrs"]
+    if not isinstance(lrs, list) or not lrs or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+            and x >= 0 for x in lrs):
+        return "base_lrs is not a list of learning rates (finite numbers >= 0)"
+    for key in ("last_epoch", "_step_count"):
+        if isinstance(saved[key], bool) or not isinstance(saved[key], int):
+            return f"{key} is {str(saved[key])[:30]}, not a whole number"
+    lambdas = saved.get("lr_lambdas", [None] * len(lrs))
+    if not isinstance(lambdas, list) or len(lambdas) != len(lrs):
+        return f"lr_lambdas does not have one entry per parameter group ({len(lrs)})"
+    if saved["last_epoch"] < -1 or saved["_step_count"] < 0:
+        return "last_epoch / _step_count are negative (not a scheduler's count of steps)"
     return None
 
 

@@ -6,8 +6,11 @@ s3fs / gcsfs / adlfs is installed - and then reads each file back from the desti
 its SHA-256. A file already at the destination with the right SHA-256 is skipped, so a second run
 resumes an interrupted upload; a file there with the wrong size or hash is copied again.
 
-Before anything leaves, each checkpoint file is checked against its checkpoint's manifest: a
-checkpoint damaged on the local disk is refused rather than exported.
+Before anything leaves, each checkpoint is checked as `verify` checks it short of the fresh
+load (checkpoint/verify.py check_checkpoint: manifest, sizes and SHA-256, components, files added
+after the save, the JSON components' shapes): whatever `verify` rejects is refused rather than
+exported. A local destination inside the run directory is refused (the next export would copy
+the copy).
 
 RUN_DIR/export.json (and DEST/export.json, last) records `bytes`, `seconds`, `bytes_per_s`
 (figures), what was copied or skipped, and the SHA-256 of every file, so whoever downloads the
@@ -69,6 +72,7 @@ def export_run(run_dir: Path | str, dest: str, *, storage_options: dict | None =
         raise UserError("RUN_DIR", f"{str(run.path)!r} is not a directory.",
                         "Give the run directory a stage wrote (e.g. runs/<spec>-<hash>).")
     fs, root = _filesystem(dest, storage_options or {})
+    _refuse_inside(run.path, fs, root, dest)
     notes = []
     if not (run.path / MANIFEST).exists():
         notes.append("the run directory has no manifest.json")
@@ -191,21 +195,52 @@ def _run_files(root: Path) -> list[str]:
     return out
 
 
+def _refuse_inside(run: Path, fs, root: str, dest: str) -> None:
+    """A local destination that is the run directory or inside it: the export would copy into
+    what it exports, and the next one would export the copy."""
+    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return
+    here, there = run.resolve(), Path(root or ".").resolve()
+    if there == here or there.is_relative_to(here):
+        raise UserError("DEST", f"{dest!r} is inside the run directory {str(run)!r}: the "
+                        "export would copy the run into itself.",
+                        "Export to a path outside the run directory.")
+
+
 def _check_local_checkpoints(root: Path, rels: list[str]) -> None:
-    """Refuse to export a checkpoint that no longer matches its own manifest, or whose manifest
-    is missing or damaged: a checkpoint directory is one DCP wrote into (model/.metadata)."""
-    from tunepilot.checkpoint.verify import verify_checkpoint
+    """Refuse to export a checkpoint `verify` would reject (short of its fresh load): one whose
+    files no longer match its manifest, whose manifest is missing or damaged, that holds files
+    added after the save or a JSON state of the wrong shape. A checkpoint directory is one DCP
+    wrote into (model/.metadata) or one holding a checkpoint manifest."""
+    from tunepilot.checkpoint.verify import check_checkpoint
 
     dirs = {root / rel.rsplit("/", 2)[0] for rel in rels
             if rel.endswith("/.metadata") and rel.count("/") >= 2}
-    dirs |= {root / rel.rsplit("/", 1)[0] for rel in rels if rel.endswith("/manifest.json")}
+    dirs |= {root / rel.rsplit("/", 1)[0] for rel in rels if rel.endswith("/manifest.json")
+             and _is_checkpoint_manifest(root / rel)}
     for ckpt in sorted(dirs):
         if not (ckpt / "model").is_dir() and not (ckpt / "manifest.json").exists():
             continue
-        if problems := verify_checkpoint(ckpt):
+        _, problems = check_checkpoint(ckpt)
+        if problems:
             raise ExportError(f"checkpoint {str(ckpt)!r} is damaged on the local disk: "
                               + "; ".join(str(p) for p in problems[:3])
-                              + ". Nothing was exported; re-save it or remove it first.")
+                              + (f" (and {len(problems) - 3} more)" if len(problems) > 3
+                                 else "")
+                              + ". Nothing was exported; `tunepilot verify` it, re-save it or "
+                              "remove it first.")
+
+
+def _is_checkpoint_manifest(p: Path) -> bool:
+    """A manifest.json of a checkpoint (not a run directory's own manifest)."""
+    from tunepilot.checkpoint.manifest import FORMAT, MAX_MANIFEST_BYTES
+    from tunepilot.limits import Refused, load_json_capped
+
+    try:
+        body = load_json_capped(p, MAX_MANIFEST_BYTES)
+    except (OSError, Refused):
+        return True  # unreadable: checked (and refused) as a checkpoint
+    return isinstance(body, dict) and body.get("format") == FORMAT
 
 
 def _previous_rate(run: RunDir, dest: str) -> Figure | None:

@@ -17,6 +17,8 @@ import json
 import re
 from pathlib import Path
 
+from tunepilot.limits import MAX_CARDS, load_json_capped
+
 _RNG = re.compile(r"^rng_state(_(\d+))?\.pth$")
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin",
                 "adapter_model.bin")
@@ -33,7 +35,7 @@ def weight_files(path: Path) -> list[str]:
         p = path / index
         if p.is_file():
             try:
-                shards = sorted(set(json.loads(p.read_text())["weight_map"].values()))
+                shards = sorted(set(load_json_capped(p)["weight_map"].values()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 return [index]
             return [index, *shards]
@@ -76,9 +78,17 @@ def hf_layout(path: Path) -> tuple[dict[str, list[str]], list[tuple[str, str | N
                          "the resume differ from the interrupted run", None))
     else:
         ranks = [int(_RNG.match(n).group(2)) for n in rngs if _RNG.match(n).group(2)]
-        for r in sorted(set(range(max(ranks) + 1)) - set(ranks)) if ranks else []:
+        if ranks and max(ranks) >= MAX_CARDS:
+            problems.append(("rng", f"rng_state_{max(ranks)}.pth", f"names rank {max(ranks):,}: "
+                             f"more ranks than any run has ({MAX_CARDS:,})", max(ranks)))
+            ranks = [r for r in ranks if r < MAX_CARDS]
+        gaps = sorted(set(range(max(ranks) + 1)) - set(ranks)) if ranks else []
+        for r in gaps[:8]:
             problems.append(("rng", f"rng_state_{r}.pth", "is missing (other ranks have "
                              "theirs)", r))
+        if len(gaps) > 8:
+            problems.append(("rng", None, f"and {len(gaps) - 8:,} more ranks' rng_state files "
+                             "are missing", None))
     files["trainer_state"] = []
     state = path / "trainer_state.json"
     if not state.is_file():
@@ -87,7 +97,7 @@ def hf_layout(path: Path) -> tuple[dict[str, list[str]], list[tuple[str, str | N
     else:
         files["trainer_state"] = ["trainer_state.json"]
         try:
-            body = json.loads(state.read_text())
+            body = load_json_capped(state)
             if not isinstance(body.get("global_step"), int):
                 problems.append(("trainer_state", "trainer_state.json", "has no integer "
                                  "global_step", None))
@@ -201,14 +211,14 @@ Problem = tuple[str, str | None, str, int | None]  # (component, file, problem, 
 def read_hf_manifest(path: Path) -> tuple[dict | None, list[Problem]]:
     """(the manifest, []) - or (None, []) when there is none, (None, [problem]) when it is
     damaged: not JSON, another format, not matching its own digest, or of the wrong shape."""
-    from tunepilot.checkpoint.manifest import digest, safe_relative
+    from tunepilot.checkpoint.manifest import MAX_MANIFEST_BYTES, digest, safe_relative
 
     p = Path(path) / HF_MANIFEST
-    if not p.is_file():
+    if not p.exists():
         return None, []
     try:
-        body = json.loads(p.read_bytes())
-    except (OSError, ValueError, RecursionError) as exc:
+        body = load_json_capped(p, MAX_MANIFEST_BYTES)
+    except (OSError, ValueError) as exc:  # limits.Refused is a ValueError
         return None, [("manifest", HF_MANIFEST, f"cannot be read as JSON ({str(exc)[:100]})",
                        None)]
     if not isinstance(body, dict) or body.get("format") != HF_FORMAT or \
@@ -272,7 +282,7 @@ def hf_manifest_problems(path: Path, *, hashes: bool = True) -> tuple[bool, list
 
 def _trainer_step(path: Path) -> int | None:
     try:
-        step = json.loads((path / "trainer_state.json").read_text())["global_step"]
+        step = load_json_capped(path / "trainer_state.json")["global_step"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return step if isinstance(step, int) else None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -114,54 +113,23 @@ def inspect_checkpoint(path: str | Path, *, load: bool = True) -> VerifyReport:
 
 
 def _tunepilot(p: Path, load: bool) -> VerifyReport:
-    from tunepilot.checkpoint.verify import check_files, manifest_or_problem, missing_components
+    from tunepilot.checkpoint.manifest import INTEGRITY_NOTE
+    from tunepilot.checkpoint.verify import check_checkpoint
 
-    manifest, problems = manifest_or_problem(p)
+    manifest, problems = check_checkpoint(p)
     if manifest is None:
         return VerifyReport(str(p), "tunepilot", False, problems)
-    problems = missing_components(manifest) + check_files(p, manifest)
     report = VerifyReport(str(p), "tunepilot", False, problems,
                           layout={k: list(v) for k, v in manifest.components.items()},
                           step=manifest.step, world_size=manifest.world_size,
                           files_checked=len(manifest.files),
-                          bytes_checked=sum(e.bytes for e in manifest.files.values()))
+                          bytes_checked=sum(e.bytes for e in manifest.files.values()),
+                          notes=[INTEGRITY_NOTE])
     report.hashes_checked = True
-    report.problems += _unlisted(p, manifest) + _progress(p, manifest)
     if load and not report.problems:
         report.problems += _fresh_load(p, "tunepilot")
         report.loaded_in_fresh_process = True
     return report
-
-
-def _unlisted(p: Path, manifest) -> list[CheckpointProblem]:
-    """Files the manifest does not list: a problem inside a component's directory (something
-    was added to the state after the save), a note-worthy one at the top level."""
-    from tunepilot.checkpoint.manifest import MANIFEST
-
-    dirs = {rel.split("/", 1)[0]: e.component for rel, e in manifest.files.items() if "/" in rel}
-    out = []
-    on_disk = sorted(f.relative_to(p).as_posix() for f in p.rglob("*") if f.is_file())
-    for rel in on_disk:
-        if rel == MANIFEST or rel in manifest.files:
-            continue
-        top = rel.split("/", 1)[0]
-        out.append(CheckpointProblem(dirs.get(top, "checkpoint"), rel, "is not in the manifest "
-                                     "(added after the save: not verified, not loaded)"))
-    return out
-
-
-def _progress(p: Path, manifest) -> list[CheckpointProblem]:
-    """progress.json against the manifest's step and token count (read as JSON, no torch)."""
-    from tunepilot.checkpoint.components import progress_problem
-
-    if "progress.json" not in manifest.files:
-        return []
-    try:
-        saved = json.loads((p / "progress.json").read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return []  # the hash check or the fresh load names it
-    problem = progress_problem(saved, manifest.step, manifest.useful_tokens_seen)
-    return [CheckpointProblem("progress", "progress.json", problem)] if problem else []
 
 
 def _hf(p: Path, load: bool) -> VerifyReport:
@@ -191,20 +159,34 @@ def _hf(p: Path, load: bool) -> VerifyReport:
     return report
 
 
+FRESH_LOAD_TIMEOUT_S = 3600.0
+
+
 def _fresh_load(p: Path, kind: str, rels: list[str] | None = None) -> list[CheckpointProblem]:
-    """Load every component in a new Python process; its problems, or one for a crash."""
+    """Load every component in a new Python process; its problems, or one for a crash. The
+    process is started the one way tunepilot starts children (proc/spawn.py): it dies with
+    `verify`, even when `verify` is killed with SIGKILL."""
+    import tempfile
+
+    from tunepilot.proc.spawn import run_to_end
+
     cmd = [sys.executable, "-m", "tunepilot.checkpoint.inspect", kind, str(p),
            json.dumps(rels or [])]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    except subprocess.TimeoutExpired:
+    with tempfile.TemporaryDirectory(prefix="tunepilot-verify-") as tmp:
+        out_path, err_path = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            code, timed_out = run_to_end(cmd, timeout_s=FRESH_LOAD_TIMEOUT_S, stdout=out,
+                                         stderr=err, reaper=True)
+        stdout = out_path.read_text(errors="replace")
+        stderr = err_path.read_text(errors="replace")
+    if timed_out:
         return [CheckpointProblem("checkpoint", None, "loading took over an hour (timed out)")]
     try:
-        return [CheckpointProblem(**d) for d in json.loads(proc.stdout.strip().splitlines()[-1])]
+        return [CheckpointProblem(**d) for d in json.loads(stdout.strip().splitlines()[-1])]
     except (ValueError, IndexError, TypeError):
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
         return [CheckpointProblem("checkpoint", None, f"the loading process failed (exit "
-                                  f"{proc.returncode}): {tail[0][:300]}")]
+                                  f"{code}): {tail[0][:300]}")]
 
 
 # --- in the fresh process ------------------------------------------------------------------
@@ -235,14 +217,16 @@ def _load_json_component(f: Path, component: str) -> str | None:
     from tunepilot.checkpoint.components import (
         DATA,
         RNG,
+        SCHEDULER,
         CheckpointError,
         data_position_problem,
         set_rng_state,
     )
+    from tunepilot.limits import Refused, load_json_capped
 
     try:
-        saved = json.loads(f.read_bytes())
-    except (OSError, ValueError, RecursionError) as exc:
+        saved = load_json_capped(f)
+    except (OSError, Refused) as exc:
         return f"does not parse as JSON ({str(exc)[:120]})"
     if component == RNG:
         try:
@@ -251,6 +235,28 @@ def _load_json_component(f: Path, component: str) -> str | None:
             return str(exc)
     if component == DATA:
         return data_position_problem(saved)
+    if component == SCHEDULER:
+        return _load_scheduler(saved)
+    return None
+
+
+def _load_scheduler(saved: object) -> str | None:
+    """Load the saved state into a real LambdaLR over as many parameter groups as it has
+    learning rates (the shape a resume loads it into)."""
+    import torch
+
+    from tunepilot.checkpoint.components import from_json
+
+    if not isinstance(saved, dict) or not isinstance(saved.get("base_lrs"), list):
+        return "is not an LR scheduler state"
+    n = max(len(saved["base_lrs"]), 1)
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(n)]
+    opt = torch.optim.SGD([{"params": [q]} for q in params], lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, [lambda _s: 1.0] * n)
+    try:
+        sched.load_state_dict(from_json(saved))
+    except Exception as exc:  # any refusal of the state by the scheduler is the finding
+        return f"does not load into an LR scheduler ({type(exc).__name__}: {str(exc)[:120]})"
     return None
 
 

@@ -6,7 +6,19 @@
                          "manifest_sha256": digest of everything else}
 A manifest is trusted only for paths inside the checkpoint directory (relative, no '..', no
 absolute paths), and one of the wrong shape is a checkpoint problem naming the field - never a
-KeyError. No torch here (export and verify read manifests without it).
+KeyError. It is read as a regular file of at most MAX_MANIFEST_BYTES (a FIFO or /dev/zero in
+its place is a problem, not a hang), and every count in it is bounded (world_size <= MAX_CARDS),
+so no loop over its ranks can run away. No torch here (export and verify read manifests
+without it).
+
+What the digests are for: ``manifest_sha256`` and the files' SHA-256 detect accidental damage -
+a torn or partial write, a truncated copy, bit rot, a file edited or added by mistake. They are
+not a signature: there is no key, so whoever can edit the files can recompute every digest and
+"re-seal" the checkpoint (issue 40, N25). Signing with a key kept beside the checkpoint would
+not change that (an attacker who can write the checkpoint reads the key on the same machine);
+tamper evidence against a deliberate forger belongs to the user's own signing of the exported
+run (export.json lists every file's SHA-256: sign that file with gpg, minisign or cosign).
+`verify` says so beside "intact".
 """
 
 from __future__ import annotations
@@ -18,9 +30,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tunepilot.limits import MAX_CARDS
+
 FORMAT = "tunepilot-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # ~300,000 file entries: far past any checkpoint's file count
+INTEGRITY_NOTE = ("the SHA-256 digests detect accidental damage (torn writes, truncated copies, "
+                  "bit rot, edits by mistake); they are not a signature - whoever can edit the "
+                  "files can recompute them - so sign the exported run's export.json yourself "
+                  "if you need tamper evidence")
 
 
 def safe_relative(rel: str) -> str:
@@ -51,7 +70,7 @@ class CheckpointManifest(BaseModel):
     step: int = Field(ge=0)
     useful_tokens_seen: int = Field(ge=0)
     spec_hash: str
-    world_size: int = Field(default=1, ge=1)
+    world_size: int = Field(default=1, ge=1, le=MAX_CARDS)
     model: dict[str, Any]
     created_unix_s: float
     torch_version: str
@@ -86,13 +105,15 @@ def digest(body: dict) -> str:
 def read(path: Path) -> tuple[CheckpointManifest | None, tuple[str, str] | None]:
     """(the manifest, None) or (None, (file, problem)) for a missing, unreadable, altered or
     wrong-shaped manifest."""
+    from tunepilot.limits import Refused, load_json_capped
+
     p = Path(path) / MANIFEST
     try:
-        raw = json.loads(p.read_bytes())
+        raw = load_json_capped(p, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         return None, (MANIFEST, "is missing (an incomplete checkpoint, or not a tunepilot one)")
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        return None, (MANIFEST, f"is not valid JSON ({str(exc)[:120]})")
+    except Refused as exc:
+        return None, (MANIFEST, str(exc))
     except OSError as exc:
         return None, (MANIFEST, f"cannot be read ({exc.strerror or exc})")
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:

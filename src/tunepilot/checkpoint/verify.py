@@ -48,23 +48,40 @@ def manifest_or_problem(path: Path) -> tuple[mf.CheckpointManifest | None,
     return manifest, []
 
 
+_RANKS_NAMED = 8  # missing per-rank files named one by one; the rest counted
+
+
 def missing_components(manifest: mf.CheckpointManifest) -> list[CheckpointProblem]:
-    """Required components absent from the manifest (per-rank ones for every rank)."""
+    """Required components absent from the manifest (per-rank ones for every rank: the first
+    few named, the rest counted - world_size is bounded, the list of problems too)."""
     out = [CheckpointProblem(c, None, "component missing from the checkpoint")
            for c in REQUIRED if c not in PER_RANK and not manifest.components.get(c)]
     for c in PER_RANK:
-        for r in range(manifest.world_size):
-            rel = per_rank_file(c, r)
-            if rel not in manifest.files:
-                out.append(CheckpointProblem(c, rel, "is not in the manifest", r))
+        missing = [r for r in range(manifest.world_size)
+                   if per_rank_file(c, r) not in manifest.files]
+        out += [CheckpointProblem(c, per_rank_file(c, r), "is not in the manifest", r)
+                for r in missing[:_RANKS_NAMED]]
+        if len(missing) > _RANKS_NAMED:
+            out.append(CheckpointProblem(c, None, f"and {len(missing) - _RANKS_NAMED:,} more "
+                                         f"ranks' files are not in the manifest (world_size "
+                                         f"{manifest.world_size:,})"))
     return out
 
 
 def _check_one(path: Path, rel: str, entry: mf.FileEntry) -> CheckpointProblem | None:
+    import stat
+
+    from tunepilot.limits import file_kind
+
     p = path / rel
-    if not p.is_file():
+    try:
+        st = p.stat()
+    except OSError:
         return CheckpointProblem(entry.component, rel, "file is missing", entry.rank)
-    size = p.stat().st_size
+    if not stat.S_ISREG(st.st_mode):
+        return CheckpointProblem(entry.component, rel, f"is {file_kind(st.st_mode)}, not a "
+                                 "regular file", entry.rank)
+    size = st.st_size
     if size != entry.bytes:
         return CheckpointProblem(entry.component, rel, f"is {size:,} bytes, the manifest says "
                                  f"{entry.bytes:,} (truncated or rewritten)", entry.rank)
@@ -100,6 +117,64 @@ def verify_checkpoint(path: Path) -> list[CheckpointProblem]:
     if manifest is None:
         return problems
     return missing_components(manifest) + check_files(path, manifest)
+
+
+def check_checkpoint(path: Path) -> tuple[mf.CheckpointManifest | None,
+                                           list[CheckpointProblem]]:
+    """Everything `verify` checks short of loading the state in a fresh process - the
+    manifest, every file's size and SHA-256, every component present, nothing added, and the
+    JSON components' shapes against the manifest (progress, scheduler) - the one check `verify`
+    and `export` share, so export refuses whatever verify rejects. No torch."""
+    path = Path(path)
+    manifest, problems = manifest_or_problem(path)
+    if manifest is None:
+        return None, problems
+    problems = missing_components(manifest) + check_files(path, manifest)
+    return manifest, problems + unlisted(path, manifest) + json_components(path, manifest)
+
+
+def unlisted(p: Path, manifest: mf.CheckpointManifest) -> list[CheckpointProblem]:
+    """Files the manifest does not list (added after the save: not verified, not loaded)."""
+    dirs = {rel.split("/", 1)[0]: e.component for rel, e in manifest.files.items() if "/" in rel}
+    out = []
+    for f in sorted(p.rglob("*")):
+        rel = f.relative_to(p).as_posix()
+        if rel == mf.MANIFEST or rel in manifest.files or f.is_dir():
+            continue
+        out.append(CheckpointProblem(dirs.get(rel.split("/", 1)[0], "checkpoint"), rel,
+                                     "is not in the manifest (added after the save: not "
+                                     "verified, not loaded)"))
+    return out
+
+
+def json_components(p: Path, manifest: mf.CheckpointManifest) -> list[CheckpointProblem]:
+    """progress.json and scheduler.json read (size-capped, regular files only) and checked
+    against the manifest's step and token count: a scheduler state that is not one (`[1, 2]`)
+    is named here, before anything calls the checkpoint resumable."""
+    from tunepilot.checkpoint.components import (
+        PROGRESS,
+        SCHEDULER,
+        progress_problem,
+        scheduler_state_problem,
+    )
+    from tunepilot.limits import Refused, load_json_capped
+
+    out = []
+    for rel, component, check in (
+            ("progress.json", PROGRESS, lambda d: progress_problem(
+                d, manifest.step, manifest.useful_tokens_seen)),
+            ("scheduler.json", SCHEDULER, scheduler_state_problem)):
+        if rel not in manifest.files:
+            continue
+        try:
+            problem = check(load_json_capped(p / rel))
+        except OSError:
+            continue  # missing or unreadable: the size and hash check names it
+        except Refused as exc:
+            problem = f"cannot be read as its JSON state: {exc}"
+        if problem:
+            out.append(CheckpointProblem(component, rel, problem))
+    return out
 
 
 def _read_one(path: Path, rel: str, entry: mf.FileEntry) -> tuple[bytearray | None,
