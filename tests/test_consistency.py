@@ -177,3 +177,64 @@ def test_dpo_over_sft_hours_is_the_flops_ratio_over_the_mfu_ratio():
     (h_s, f_s, m_s), (h_d, f_d, m_d) = out["sft"], out["dpo"]
     assert h_d / h_s == pytest.approx((f_d / f_s) / (m_d / m_s), rel=0.02)
     assert h_d / h_s > 2.5  # two sequences per pair and the reference's forward
+
+
+# --- load, checkpoint and export bytes --------------------------------------------------------
+
+def _term(q, name: str):
+    return next(t for t in q.time_terms if t.name == name)
+
+
+@pytest.mark.parametrize("kind", list(TINY) + list(PLANNED_ONLY))
+def test_quote_and_host_plan_count_the_same_load_and_export_bytes(kind):
+    from tunepilot.model.arch import resolve_arch
+    from tunepilot.model.flops import checkpoint_bytes, export_bytes, load_bytes
+
+    spec = _spec_of(kind)
+    arch = resolve_arch(spec, EXAMPLES)
+    plan = make_plan(spec, catalog=CAT, card_ids=[CARD], base_dir=EXAMPLES)
+    q = _quote(spec)
+    ckpt = checkpoint_bytes(arch, spec, plan.params.trainable)
+    export = export_bytes(spec, ckpt)
+    assert export == spec.host.checkpoints_kept * ckpt
+    assert _term(q, "export").each.extra("bytes") == plan.host.export_bytes == \
+        q.host.export_bytes == export
+    weights = next(d for d in plan.host.disk if d.name == "model weights").bytes_per_node
+    assert weights == load_bytes(arch, spec)
+    assert f"{load_bytes(arch, spec) / 1e9:,.2f} GB of weights" in _term(q, "model load").each.how
+
+
+def test_export_copies_what_the_quote_and_host_plan_count(tmp_path):
+    """A run directory with the kept checkpoints of a real tiny run: `tunepilot export` copies
+    them (its checkpoint bytes, measured), and the quote that read the pilot's measured
+    checkpoint size times the same export."""
+    import torch
+
+    from tunepilot.checkpoint.export import export_run
+    from tunepilot.checkpoint.state import save_checkpoint
+    from tunepilot.results.figure import Figure
+    from tunepilot.results.pilot import DeviceBlock, PilotResult, Throughput, Timings
+    from tunepilot.store import RunDir
+    from tunepilot.training.step import build_run, train_step
+
+    spec = _tiny("sft")
+    torch.manual_seed(0)
+    run = build_run(spec, "cpu", total_steps=4, base_dir=EXAMPLES)
+    out = RunDir(tmp_path / "run")
+    sizes = []
+    for step in range(spec.host.checkpoints_kept):
+        train_step(run.state, run.stream.next, spec)
+        info = save_checkpoint(out.path / "checkpoints" / f"step-{step + 1}", run.state,
+                               run.stream, spec)
+        sizes.append(int(info.bytes))
+    out.write(PilotResult(
+        throughput=Throughput(useful_tokens_per_s=Figure.measured(50_000.0, "tokens/s")),
+        timings=Timings(checkpoint_bytes=Figure.measured(sizes[0], "bytes")),
+        device=DeviceBlock(kind="cpu", name="cpu")), spec.spec_hash())
+    exported = export_run(out.path, str(tmp_path / "dest"))
+    q = quote(spec, card_id=CARD, count=1, term_s=None, catalog=CAT, run_dir=out.path)
+    assert exported.checkpoints == spec.host.checkpoints_kept
+    assert exported.checkpoint_bytes.value == sum(sizes)
+    assert _term(q, "export").each.extra("bytes") == spec.host.checkpoints_kept * sizes[0] \
+        == pytest.approx(exported.checkpoint_bytes.value, rel=1e-3)
+    assert "kept" in _term(q, "export").each.how

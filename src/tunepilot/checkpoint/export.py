@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tunepilot.checkpoint.files import OLD_MARK, TMP_MARK, sha256_file
 from tunepilot.errors import TunepilotError, UserError
+from tunepilot.model.flops import EXPORT_RULE
 from tunepilot.results.export import ExportedFile, ExportResult
 from tunepilot.results.figure import Figure
 from tunepilot.store import MANIFEST, RunDir
@@ -92,6 +93,9 @@ def export_run(run_dir: Path | str, dest: str, *, storage_options: dict | None =
                           + "; ".join(failures[:5]) + ". Run the export again (it resumes).")
     result = _result(str(run.path), dest, files, time.perf_counter() - t0, copy_s, previous,
                      notes)
+    n, ckpt_bytes = _checkpoints(run.path, files)
+    result.checkpoints = n
+    result.checkpoint_bytes = Figure.measured(ckpt_bytes, "bytes", what=EXPORT_RULE)
     result.spec_hash = run.manifest().spec_hash
     run.write(result)
     # last: the manifest (write_stage just updated it) and export.json itself, verified too
@@ -207,20 +211,31 @@ def _refuse_inside(run: Path, fs, root: str, dest: str) -> None:
                         "Export to a path outside the run directory.")
 
 
-def _check_local_checkpoints(root: Path, rels: list[str]) -> None:
-    """Refuse to export a checkpoint `verify` would reject (short of its fresh load): one whose
-    files no longer match its manifest, whose manifest is missing or damaged, that holds files
-    added after the save or a JSON state of the wrong shape. A checkpoint directory is one DCP
-    wrote into (model/.metadata) or one holding a checkpoint manifest."""
-    from tunepilot.checkpoint.verify import check_checkpoint
-
+def _checkpoint_dirs(root: Path, rels: list[str]) -> list[Path]:
+    """The checkpoint directories among the run's files: one DCP wrote into (model/.metadata)
+    or one holding a checkpoint manifest."""
     dirs = {root / rel.rsplit("/", 2)[0] for rel in rels
             if rel.endswith("/.metadata") and rel.count("/") >= 2}
     dirs |= {root / rel.rsplit("/", 1)[0] for rel in rels if rel.endswith("/manifest.json")
              and _is_checkpoint_manifest(root / rel)}
-    for ckpt in sorted(dirs):
-        if not (ckpt / "model").is_dir() and not (ckpt / "manifest.json").exists():
-            continue
+    return sorted(d for d in dirs if (d / "model").is_dir() or (d / "manifest.json").exists())
+
+
+def _checkpoints(root: Path, files: list[ExportedFile]) -> tuple[int, int]:
+    """(checkpoints, their bytes) among the exported files: what model/flops.py export_bytes
+    projects (EXPORT_RULE) - the rest is the stage results and logs."""
+    dirs = [d.relative_to(root).as_posix() + "/" for d in
+            _checkpoint_dirs(root, [f.path for f in files])]
+    return len(dirs), sum(f.bytes for f in files if any(f.path.startswith(d) for d in dirs))
+
+
+def _check_local_checkpoints(root: Path, rels: list[str]) -> None:
+    """Refuse to export a checkpoint `verify` would reject (short of its fresh load): one whose
+    files no longer match its manifest, whose manifest is missing or damaged, that holds files
+    added after the save or a JSON state of the wrong shape."""
+    from tunepilot.checkpoint.verify import check_checkpoint
+
+    for ckpt in _checkpoint_dirs(root, rels):
         _, problems = check_checkpoint(ckpt)
         if problems:
             raise ExportError(f"checkpoint {str(ckpt)!r} is damaged on the local disk: "

@@ -29,10 +29,17 @@ from tunepilot.checkpoint.components import DATA
 from tunepilot.cost.assumptions import assumed
 from tunepilot.cost.measurements import RunMeasurements, measured_value, read_run_dir
 from tunepilot.cost.spot import node_rate, spot_quote
-from tunepilot.cost.terms import check_count, parse_options, term_cost
+from tunepilot.cost.terms import billed_seconds, check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
 from tunepilot.errors import UserError
-from tunepilot.model.flops import FlopsPerToken, checkpoint_bytes, flops_per_token
+from tunepilot.model.flops import (
+    EXPORT_RULE,
+    FlopsPerToken,
+    checkpoint_bytes,
+    export_bytes,
+    flops_per_token,
+    load_bytes,
+)
 from tunepilot.plan.fit import DEFAULT_HEADROOM
 from tunepilot.plan.host import Layout, host_fit, host_plan
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
@@ -50,7 +57,6 @@ from tunepilot.spec.objective import generation_cards, unit_notes
 from tunepilot.units import fmt_bytes
 
 __all__ = ["MEASURED", "PROJECTED", "quote"]
-SOURCE_CHECKPOINT_BYTES_PER_PARAM = 2  # 16-bit weights, as Hugging Face ships Llama-class models
 _USD_PER_M = Decimal("1e-10")  # cost per million useful tokens: kept fine, rounded once for display
 
 
@@ -100,9 +106,8 @@ class QuoteContext:
 
     @property
     def load_bytes(self) -> int:
-        p = self.spec.precision
-        per = p.compute_bytes if p.all_fp32 else SOURCE_CHECKPOINT_BYTES_PER_PARAM
-        return (self.params.frozen if self.spec.method.is_lora else self.params.total) * per
+        """The pretrained checkpoint the run loads (model/flops.py load_bytes, the host plan's)."""
+        return load_bytes(self.arch, self.spec)
 
 
 def context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None,
@@ -302,12 +307,14 @@ def _checkpoint_terms(ctx: QuoteContext, card: Card, t: _Terms, steps: int) -> N
         f"{bw / 1e9:g} GB/s"))
     rate = _export_rate(ctx, card)
     ebw = assumed("export_bytes_per_s")
-    t.add("export", 1, Figure(value=ckpt.value / rate.value, unit="s",
-                              basis=all_measured(rate, ckpt),
-                              how=f"{ckpt.value / 1e9:,.3g} GB / {rate.how}")
+    out = export_bytes(ctx.spec, ckpt.value)
+    what = (f"{out / 1e9:,.3g} GB = {ctx.spec.host.checkpoints_kept} kept x "
+            f"{ckpt.value / 1e9:,.3g} GB ({ckpt.basis}) ({EXPORT_RULE})")
+    t.add("export", 1, Figure(value=out / rate.value, unit="s", basis=all_measured(rate, ckpt),
+                              how=f"{what} / {rate.how}", bytes=out)
           if rate and rate.value else Figure.projected(
-              ckpt.value / ebw, "s", f"{ckpt.value / 1e9:,.3g} GB ({ckpt.basis}) / assumed "
-              f"{ebw / 1e9:g} GB/s (export_bytes_per_s)"))
+              out / ebw, "s", f"{what} / assumed {ebw / 1e9:g} GB/s (export_bytes_per_s)",
+              bytes=out))
 
 
 def _export_rate(ctx: QuoteContext, card: Card) -> Figure | None:
@@ -382,12 +389,12 @@ def _cost_per_million(cents: int | Decimal, tokens: float) -> Decimal | None:
 
 def _terms(card: Card, count: int, job: Figure, term_s: int | None, options: dict):
     """(the term quoted, the shortest covering term, its billing steps, the cheapest covering
-    term): the shortest is the job plus the safety margin rounded up to the billing
-    increment; the cheapest may be a longer, discounted one."""
+    term): the shortest is the job plus the safety margin as it is billed (terms.billed_seconds,
+    the one billing rule); the cheapest may be a longer, discounted one."""
     margin = assumed("safety_margin")
-    step = card.pricing.billing_increment_s
-    n_steps = math.ceil(job.value * (1 + margin) / step)
-    shortest = term_cost(card, count, max(n_steps * step, 1), options)
+    shortest = term_cost(card, count, billed_seconds(card, math.ceil(job.value * (1 + margin))),
+                         options)
+    n_steps = shortest.term_s // card.pricing.billing_increment_s
     candidates = [shortest] + [term_cost(card, count, t.hours * 3600, options)
                                for t in card.pricing.terms if t.hours * 3600 > shortest.term_s]
     cheapest = min(candidates, key=lambda c: (c.total_cents, c.term_s))

@@ -32,7 +32,7 @@ from decimal import Decimal
 
 from tunepilot.catalog import Card, check_rate
 from tunepilot.cost.assumptions import assumed, cost_model
-from tunepilot.cost.terms import to_cents
+from tunepilot.cost.terms import billed_seconds, to_cents
 from tunepilot.errors import UserError
 from tunepilot.results.figure import PROJECTED, Figure
 from tunepilot.results.quote import TimeTerm
@@ -97,10 +97,10 @@ def _z(q: float) -> float:
 
 
 def billed_cents(card: Card, count: int, seconds: float, usd_per_hour: Decimal) -> int:
-    """``count`` cards for ``seconds`` (rounded up to the billing increment) at ``usd_per_hour``
-    per card, in cents, rounded once."""
-    step = card.pricing.billing_increment_s
-    billed = max(card.pricing.minimum_charge_s, math.ceil(seconds / step) * step)
+    """``count`` cards for ``seconds`` billed as the on-demand term is (terms.billed_seconds:
+    whole seconds up to the increment, at least the minimum charge) at ``usd_per_hour`` per
+    card, in cents, rounded once."""
+    billed = billed_seconds(card, math.ceil(seconds))
     return to_cents(count * Decimal(billed) / 3600 * usd_per_hour)
 
 

@@ -10,7 +10,6 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-FAMILIES = ("a100", "h100", "h200", "mi300x")
 Kind = Literal["published", "derived", "assumed"]
 
 
@@ -71,7 +70,7 @@ def throughput_model() -> ThroughputModel:
 
 
 def card_family(card_id: str) -> str:
-    for f in FAMILIES:
-        if card_id.startswith(f):
-            return f
-    return card_id.split("-")[0]
+    """The family of a catalog card: the longest family (throughput_model.yaml cards:) its id
+    starts with (a100-sxm-80gb -> a100), else the id's first word."""
+    known = [f for f in throughput_model().cards if card_id.startswith(f)]
+    return max(known, key=len) if known else card_id.split("-")[0]

@@ -12,9 +12,10 @@ as PaLM and the MFU figures tunepilot compares with count them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from tunepilot.model.arch import Arch, linear_modules, lora_targets, param_counts
+from tunepilot.model.arch import Arch, ParamCounts, linear_modules, lora_targets, param_counts
 from tunepilot.spec.precision import DTYPE_BYTES
 
 # bitsandbytes 8-bit optimizers: two uint8 states + one fp32 absmax per 256-element block each
@@ -230,6 +231,46 @@ def checkpoint_bytes(arch: Arch, spec, trainable: int) -> int:
     one rule for the plan and the quote."""
     return trainable * DTYPE_BYTES[spec.trainable_dtype] + optimizer_state_bytes(arch, spec,
                                                                                  trainable)
+
+
+def task_counts(arch: Arch, spec) -> ParamCounts:
+    """The parameters of the spec's model: a sequence-classification model has a
+    num_labels x hidden score head instead of the vocabulary lm_head."""
+    counts = param_counts(arch)
+    if spec.model.task != "sequence-classification":
+        return counts
+    score = spec.model.num_labels * arch.hidden_size
+    return dataclasses.replace(counts, total=counts.total - counts.lm_head + score,
+                               lm_head=score)
+
+
+def source_checkpoint_bytes_per_param(spec) -> int:
+    """Bytes per parameter of the pretrained checkpoint the run loads: 4 for an fp32 run, else
+    the 16-bit checkpoint as Hugging Face ships it (runtime.yaml, with its source)."""
+    from tunepilot.resources import runtime_constants
+
+    if spec.precision.all_fp32:
+        return spec.precision.compute_bytes
+    return int(runtime_constants()["host"]["source_checkpoint_bytes_per_param"])
+
+
+def load_bytes(arch: Arch, spec) -> int:
+    """The model-load bytes: the pretrained checkpoint the run starts from - every weight of
+    the task's model (LoRA adapters are created, not loaded) x its bytes per parameter. The
+    one rule for the quote's model-load term and the host plan's load RAM and disk."""
+    return task_counts(arch, spec).total * source_checkpoint_bytes_per_param(spec)
+
+
+EXPORT_RULE = ("an export is what `tunepilot export` copies off the machine: the run "
+               "directory - its kept checkpoints (host.checkpoints_kept x one training "
+               "checkpoint) and the stage results beside them (kilobytes, not counted)")
+
+
+def export_bytes(spec, one_checkpoint_bytes: int) -> int:
+    """The export bytes by EXPORT_RULE, from one checkpoint's bytes (checkpoint_bytes, or a
+    measured checkpoint): the one rule for the quote's export term, the host plan and
+    `tunepilot export`."""
+    return spec.host.checkpoints_kept * int(one_checkpoint_bytes)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

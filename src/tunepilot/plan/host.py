@@ -33,7 +33,12 @@ from dataclasses import dataclass
 
 from tunepilot.catalog import Card
 from tunepilot.model.arch import Arch
-from tunepilot.model.flops import DTYPE_BYTES, checkpoint_bytes
+from tunepilot.model.flops import (
+    checkpoint_bytes,
+    export_bytes,
+    load_bytes,
+    source_checkpoint_bytes_per_param,
+)
 from tunepilot.plan.analytic.activations import precision_bytes, saved_activations
 from tunepilot.plan.analytic.core import runtime_constants, state_bytes
 from tunepilot.results.host import DiskItem, HostComponent, HostFit, HostPhase, HostPlan
@@ -106,13 +111,13 @@ def host_plan(spec: RunSpec, arch: Arch, stack: str = "cuda", layout: Layout | N
                                                     if ph in c.phases))
               for ph in (LOAD, TRAIN, SAVE)]
     peak = max(phases, key=lambda p: p.bytes_per_node)
-    disk = _disk(spec, arch, stack, lay, node_ckpt, dataset_positions, rt)
+    disk = _disk(spec, arch, lay, node_ckpt, dataset_positions, rt)
     needs = any(c.name in ("cpu offload", "activation offload", "async checkpoint staging")
                 for c in comps)
     return HostPlan(ranks_per_node=n, nodes=lay.nodes, load=load, components=comps,
                     phases=phases, peak_bytes_per_node=peak.bytes_per_node, peak_phase=peak.name,
                     disk=disk, disk_bytes_per_node=sum(d.bytes_per_node for d in disk),
-                    needs_host_ram=needs, notes=notes)
+                    export_bytes=export_bytes(spec, ckpt), needs_host_ram=needs, notes=notes)
 
 
 def _node_share(total: int, lay: Layout) -> int:
@@ -121,11 +126,8 @@ def _node_share(total: int, lay: Layout) -> int:
 
 
 def _load(spec: RunSpec, arch: Arch, lay: Layout, load: str, notes: list[str]) -> HostComponent:
-    from tunepilot.plan.analytic.core import task_counts
-
-    total = task_counts(arch, spec).total
-    per = spec.precision.compute_bytes
-    whole = total * per
+    per = source_checkpoint_bytes_per_param(spec)
+    whole = load_bytes(arch, spec)
     what = f"{fmt_bytes(whole)} checkpoint ({per} B/param)"
     if spec.method.kind == "qlora" and spec.method.quantize_on_load:
         each = min(whole, HF_SHARD_BYTES)
@@ -243,23 +245,15 @@ def _positions(spec: RunSpec, notes: list[str]) -> float:
     return 0.0
 
 
-def _disk(spec: RunSpec, arch: Arch, stack: str, lay: Layout, node_ckpt: int,
+def _disk(spec: RunSpec, arch: Arch, lay: Layout, node_ckpt: int,
           positions: float | None, rt: dict) -> list[DiskItem]:
-    from tunepilot.plan.analytic.core import task_counts
-
-    s = state_bytes(spec, arch, stack)
-    total = task_counts(arch, spec).total
-    per = spec.precision.compute_bytes
     kept = spec.host.checkpoints_kept
-    export = s.trainable * (2 if spec.method.kind == "full" else DTYPE_BYTES[spec.trainable_dtype])
-    items = [DiskItem(name="model weights", bytes_per_node=total * per,
+    items = [DiskItem(name="model weights", bytes_per_node=load_bytes(arch, spec),
                       how="the checkpoint the run starts from, once per node"),
              DiskItem(name="checkpoints", bytes_per_node=node_ckpt * (kept + 1),
                       how=f"{kept} kept (host.checkpoints_kept) + 1 being written, "
-                          f"{fmt_bytes(node_ckpt)} each on this node"),
-             DiskItem(name="export", bytes_per_node=export,
-                      how="the final weights written for export (16-bit full model, or the "
-                          "adapters in their dtype)")]
+                          f"{fmt_bytes(node_ckpt)} each on this node; the kept ones are the "
+                          "export (`tunepilot export` copies them off, nothing more is written)")]
     if positions:
         items.insert(2, DiskItem(name="tokenized dataset",
                                  bytes_per_node=int(positions * rt["arrow_bytes_per_token"]),
@@ -320,6 +314,7 @@ def host_fit(plan: HostPlan, card: Card, device_use: float) -> HostFit:
     return HostFit(cards_per_node=k, host_peak_bytes_per_node=plan.peak_bytes_per_node,
                    host_ram_bytes_per_node=ram, host_usable_bytes_per_node=usable,
                    host_fits=host_ok, disk_bytes_per_node=plan.disk_bytes_per_node,
+                   export_bytes=plan.export_bytes,
                    local_disk_bytes_per_node=disk, disk_fits=disk_ok, utilisation=use,
                    binds=binds, reason=reason, hint=_hint(plan, offer) if reason else None,
                    warning=warning,

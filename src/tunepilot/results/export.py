@@ -31,6 +31,11 @@ class ExportResult(StageResult):
     files_recopied: int
     files_skipped: int
     files: list[ExportedFile]
+    checkpoints: int = 0
+    """checkpoint directories copied (the run's kept checkpoints)"""
+    checkpoint_bytes: Figure | None = None
+    """their bytes: what the quote's export term and the host plan project (model/flops.py
+    export_bytes); the rest of ``bytes`` is the stage results and logs"""
     notes: list[str] = Field(default_factory=list)
 
     def count(self, action: str) -> int:

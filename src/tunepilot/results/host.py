@@ -54,6 +54,9 @@ class HostPlan(Model):
     peak_phase: HostPhaseName
     disk: list[DiskItem]
     disk_bytes_per_node: int
+    export_bytes: int = 0
+    """what `tunepilot export` copies off at the end (model/flops.py EXPORT_RULE): the kept
+    checkpoints of every node, already on disk under checkpoints"""
     needs_host_ram: bool
     """training state lives in host memory (CPU offload, activation offload, async staging):
     an offer that lists no host RAM cannot be checked"""
@@ -75,6 +78,8 @@ class HostFit(Model):
     disk_bytes_per_node: int
     local_disk_bytes_per_node: int | None
     disk_fits: bool | None
+    export_bytes: int = 0
+    """what `tunepilot export` copies off at the end (HostPlan.export_bytes)"""
     utilisation: dict[str, float]
     """resource -> need / usable (device memory at the plan's headroom)"""
     binds: Resource

@@ -149,7 +149,8 @@ def render_host_fit(q: Quote) -> None:
                   f"{fmt_bytes(h.disk_bytes_per_node, decimal=True)} of "
                   + (fmt_bytes(h.local_disk_bytes_per_node, decimal=True)
                      if h.local_disk_bytes_per_node is not None else "- (not listed)")
-                  + "; binds: "
+                  + f"; export {fmt_bytes(h.export_bytes, decimal=True)} (the kept checkpoints "
+                  "`tunepilot export` copies off); binds: "
                   f"[bold]{h.binds}[/bold] ("
                   + ", ".join(f"{k} {v:.0%}" for k, v in h.utilisation.items()) + " used)")
     for f in (h.measured_rss_bytes_per_process, h.measured_rss_bytes_per_node):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from tunepilot.model.flops import optimizer_state_label
+from tunepilot.model.flops import EXPORT_RULE, optimizer_state_label
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.units import fmt_bytes, fmt_number
 from tunepilot.views.common import cell, console, table
@@ -147,7 +147,8 @@ def _host(plan: MemoryPlan) -> None:
     console.print(f"host phases per node: {phases}")
     disk = ", ".join(f"{d.name} {fmt_bytes(d.bytes_per_node, decimal=True)}" for d in h.disk)
     console.print(f"local disk per node: {fmt_bytes(h.disk_bytes_per_node, decimal=True)} "
-                  f"({disk})")
+                  f"({disk}); the export: {fmt_bytes(h.export_bytes, decimal=True)} "
+                  f"({EXPORT_RULE})")
     cols = ["card", "offer", "host RAM usable", "host peak", "host fits", "local disk",
             "disk need", "binds"]
     t = table("Host fit per offer (the node's share of the instance; host RAM at "

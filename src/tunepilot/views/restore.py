@@ -66,6 +66,11 @@ def render_export(r: ExportResult, path: str | None = None) -> None:
     console.print(f"copied {r.files_copied} + re-copied {r.files_recopied} files "
                   f"({fmt_bytes(copied, decimal=True)}); skipped {r.files_skipped} already there "
                   f"intact ({fmt_bytes(total - copied, decimal=True)})")
+    if r.checkpoint_bytes is not None:
+        ck = r.checkpoint_bytes.value or 0
+        console.print(f"the export (what the quote's export term and the host plan count): "
+                      f"{r.checkpoints} checkpoint(s), {fmt_bytes(ck, decimal=True)}; the stage "
+                      f"results and logs beside them {fmt_bytes(total - ck, decimal=True)}")
     rate = r.bytes_per_s
     if rate.value is not None:
         how = " (from the previous export)" if rate.extra("from_previous_export") else ""

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tunepilot.model.arch import Arch, ParamCounts, linear_modules, lora_param_count, param_counts
+from tunepilot.model.arch import Arch, ParamCounts, linear_modules, lora_param_count
 from tunepilot.model.flops import (
     DTYPE_BYTES,
     default_optimizer_impl,
     optimizer_bytes,
+    task_counts,
     trainable_shapes,
 )
 from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
@@ -58,19 +59,6 @@ NF4_DQ_ABSMAX_BYTES_PER_PARAM = 1 / 64 + 4 / (64 * 256)
 __all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "per_device_figures", "runtime_constants",
            "split_params"]
 
-
-
-def task_counts(arch: Arch, spec: RunSpec) -> ParamCounts:
-    """The parameters of the spec's model: a sequence-classification model has a
-    num_labels x hidden score head instead of the vocabulary lm_head."""
-    counts = param_counts(arch)
-    if spec.model.task != "sequence-classification":
-        return counts
-    import dataclasses
-
-    score = spec.model.num_labels * arch.hidden_size
-    return dataclasses.replace(counts, total=counts.total - counts.lm_head + score,
-                               lm_head=score)
 
 
 def split_params(arch: Arch, spec: RunSpec) -> ParamSplit:
