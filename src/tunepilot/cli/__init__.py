@@ -11,6 +11,7 @@ fast.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -110,9 +111,12 @@ def _click_error(exc: Exception) -> int:
 
 
 def _exit(code: int, hard: bool) -> None:
-    """Flush, then leave: the console script skips the interpreter's teardown (os._exit)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """Flush, then leave: the console script skips the interpreter's teardown (os._exit). A
+    closed or broken stdout/stderr (``>&-``, ``| head``) is not a traceback: what could not be
+    written is lost, the exit code stands."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
     if hard:
         os._exit(code)
     sys.exit(code)
@@ -122,6 +126,8 @@ def _fail(exc: TunepilotError, code: int) -> int:
     if "--json" in sys.argv:
         payload = exc.to_dict() if hasattr(exc, "to_dict") else {
             "error": type(exc).__name__, "message": str(exc)}
-        sys.stdout.write(json.dumps(payload, default=str) + "\n")
-    sys.stderr.write(f"error: {exc}\n")
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a closed stdout
+            sys.stdout.write(json.dumps(payload, default=str) + "\n")
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(f"error: {exc}\n")
     return code

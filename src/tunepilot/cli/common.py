@@ -10,10 +10,11 @@ from typing import Annotated
 
 import typer
 
-from tunepilot.views.common import emit_json, show
+from tunepilot.views.common import emit_json, show, show_committed
 
 __all__ = ["CatalogOpt", "DbOpt", "DaysOpt", "FromOpt", "HoursOpt", "JsonOpt", "OptionOpt",
-           "OutOpt", "SpecArg", "emit_json", "load_run_spec", "out_dir", "say", "show"]
+           "OutOpt", "SpecArg", "emit_json", "load_run_spec", "out_dir", "say", "show",
+           "show_committed"]
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 CatalogOpt = Annotated[Path | None, typer.Option(

@@ -7,7 +7,16 @@ from typing import Annotated
 import typer
 
 from tunepilot.cli import app
-from tunepilot.cli.common import CatalogOpt, DaysOpt, DbOpt, HoursOpt, JsonOpt, OptionOpt, show
+from tunepilot.cli.common import (
+    CatalogOpt,
+    DaysOpt,
+    DbOpt,
+    HoursOpt,
+    JsonOpt,
+    OptionOpt,
+    show,
+    show_committed,
+)
 
 BookingArg = Annotated[int, typer.Argument(help="The booking id (see `tunepilot bookings`).")]
 
@@ -38,7 +47,7 @@ def book(
 
     result = ledger.book(load_catalog(catalog), db=db, card_id=card, count=count, start=start,
                          hours=hours, days=days, quote_id=quote_id, options=option)
-    show(result, as_json, render_booking)
+    show_committed(result, as_json, render_booking, f"booked: booking {result.id}")
 
 
 @app.command()
@@ -72,7 +81,8 @@ def cancel(booking_id: BookingArg, db: DbOpt = None, as_json: JsonOpt = False) -
     from tunepilot import ledger
     from tunepilot.views.ledger import render_cancellation
 
-    show(ledger.cancel(db, booking_id), as_json, render_cancellation)
+    show_committed(ledger.cancel(db, booking_id), as_json, render_cancellation,
+                   f"cancelled: booking {booking_id}")
 
 
 @app.command()
@@ -101,7 +111,8 @@ def usage(
     from tunepilot import ledger
     from tunepilot.views.ledger import render_usage
 
-    show(ledger.usage(db, booking_id, hours_used), as_json, render_usage)
+    show_committed(ledger.usage(db, booking_id, hours_used), as_json, render_usage,
+                   f"usage recorded: booking {booking_id}")
 
 
 @app.command("ledger")

@@ -13,25 +13,30 @@ by the time of cancelling relative to the start. An invoice's total is always th
 
 The database lives in platformdirs' user data dir (``tunepilot/ledger.sqlite3``) unless ``--db``
 (or ``TUNEPILOT_DB``) names another. The schema is versioned with ``PRAGMA user_version`` and the
-ordered ``MIGRATIONS`` below; each applied migration is also recorded in ``schema_migrations``.
-Commands that only read never create the file.
+ordered ``MIGRATIONS`` (ledger/schema.py); each applied migration is also recorded in
+``schema_migrations``. Commands that only read never create the file. Every open runs SQLite's
+quick_check first: a damaged file is refused (exit 2) before it is read or written.
+
+The inventory a ledger allocates from is the ledger's own: the count recorded at its first
+booking of a card, not whatever catalog a later command names (a second catalog saying 100 does
+not let 16 cards be booked from 8). A saved quote is booked at most once while that booking
+stands. Rows are checked when read: an invoice line whose quantity or amount does not follow
+from its booking is named as damage, never shown as data.
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import secrets
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from tunepilot.catalog import Card
-from tunepilot.errors import TunepilotError, UserError
+from tunepilot.errors import UserError
 from tunepilot.ledger.records import (
     BOOKED,
     CANCELLED,
@@ -40,15 +45,23 @@ from tunepilot.ledger.records import (
     Invoice,
     Usage,
     cancellation_rule,
+    line_problem,
     peak_use,
     refund_cents,
+)
+from tunepilot.ledger.schema import (
+    BUSY_TIMEOUT_S,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    create_ledger,
+    db_error,
+    integrity_problem,
 )
 from tunepilot.results.quote import LineItem, Quote
 from tunepilot.units import cents_to_usd, utc_now
 
 DB_FILENAME = "ledger.sqlite3"
 DB_ENV = "TUNEPILOT_DB"
-BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 
 
 class CapacityError(UserError):
@@ -104,10 +117,17 @@ def parse_start(text: str, now: datetime) -> int:
     if when.tzinfo is None or when.utcoffset() is None:
         raise UserError("start", f"{text!r} has no UTC offset; times are UTC and must say so.",
                         f"Write {raw}Z (UTC) or add an offset such as +01:00.")
-    if when.astimezone(timezone.utc).year > LATEST_START_YEAR:
+    try:  # year 1 at +14:00 is in year 0 in UTC: outside what datetime holds
+        utc = when.astimezone(timezone.utc)
+    except OverflowError:
+        utc = None
+    if (utc.year if utc is not None else when.year) > LATEST_START_YEAR:
         raise UserError("start", f"{text[:40]!r} is after {LATEST_START_YEAR}.",
                         "Give a start in this century (UTC), e.g. 2026-12-01T09:00Z.")
-    ts = int(when.timestamp())
+    if utc is None or utc.year < 1970:
+        raise UserError("start", f"{text[:40]!r} is in the past (before 1970 in UTC).",
+                        "Give a start from now on, e.g. 2026-12-01T09:00Z or --start now.")
+    ts = int(utc.timestamp())
     if ts < _ts(now):
         raise UserError("start", f"{_iso(ts)} is in the past (now is {_iso(_ts(now))}).",
                         "Give a start from now on, or --start now.")
@@ -125,141 +145,6 @@ def _check_aware(now: datetime) -> None:
         raise ValueError("ledger clocks must be timezone-aware (UTC)")
 
 
-# --- what SQLite said -------------------------------------------------------------------------
-
-# SQLite's primary result codes (https://www.sqlite.org/rescode.html); the extended code of an
-# exception (sqlite_errorcode, Python >= 3.11) carries the primary one in its low byte.
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR = 5, 6, 8, 10
-_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 11, 13, 14, 26
-
-
-def db_error(exc: sqlite3.Error, path: Path | str | None, outcome: str = "was not changed"
-             ) -> UserError:
-    """What a SQLite error means for the person, as one UserError: a full disk, a lock, a file
-    that cannot be written, an I/O error, or (only when SQLite says so) a damaged database."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    primary = code & 0xFF if isinstance(code, int) else None
-    text = str(exc)
-    where = f"the ledger {str(path)!r}" if path is not None else "the ledger database"
-    if primary == _SQLITE_FULL or "disk is full" in text:
-        intact = "" if "created" in outcome else " and is intact"
-        return UserError("db", f"the disk is full (no space left on device) where {where} is; "
-                         f"the ledger {outcome}{intact}.",
-                         "Free disk space there, or pass another --db, then run it again.")
-    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in text:
-        return UserError("db", f"{where} is locked by another process (waited "
-                         f"{BUSY_TIMEOUT_S:g} s); it {outcome}.",
-                         "Try again when it has finished, or close it.")
-    if primary in (_SQLITE_READONLY, _SQLITE_CANTOPEN) or "readonly" in text:
-        return UserError("db", f"{where} cannot be written ({text}); it {outcome}.",
-                         "Check the file's and its directory's permissions, or pass another "
-                         "--db.")
-    if primary == _SQLITE_IOERR or "disk I/O error" in text:
-        return UserError("db", f"the disk refused a read or write of {where} ({text}); it "
-                         f"{outcome}.", "Check the disk (dmesg), then run it again.")
-    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "malformed" in text or \
-            "not a database" in text:
-        return UserError("db", f"{where} is damaged or not a tunepilot ledger ({text}); it "
-                         f"{outcome}.", "Restore the file from a backup, or pass another --db.")
-    return UserError("db", f"{where} refused the change: {text}; it {outcome}.",
-                     "Check the file's permissions and free disk.")
-
-
-def _create(cls, path: Path) -> None:
-    """A new ledger at ``path``: built and migrated in a temporary file beside it, then
-    hard-linked into place (fails if the path exists: a process that created it first wins and
-    its ledger is used). Nothing is left behind on failure."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise _os_user_error(exc, path) from None
-    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        try:
-            conn = sqlite3.connect(tmp, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise db_error(exc, path, "was not created") from None
-        try:
-            cls(conn, path)._migrate(outcome="was not created")
-        finally:
-            conn.close()
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another process made it first: its ledger is the ledger
-        except OSError as exc:  # a filesystem without hard links
-            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
-                raise _os_user_error(exc, path) from None
-            if not path.exists():
-                os.rename(tmp, path)
-    except OSError as exc:
-        raise _os_user_error(exc, path) from None
-    finally:
-        for p in (tmp, tmp.with_name(tmp.name + "-journal")):
-            with suppress(OSError):
-                p.unlink()
-
-
-def _os_user_error(exc: OSError, path: Path) -> UserError:
-    from tunepilot.errors import os_error_kind
-
-    kind, words = os_error_kind(exc)
-    return UserError("db", f"cannot create the ledger {str(path)!r}: {words}; nothing was "
-                     "written.", "Free disk space there, or pass another --db." if kind == "full"
-                     else "Pass a writable file path with --db.")
-
-
-# --- schema ------------------------------------------------------------------------------------
-
-
-def _run(db: sqlite3.Connection, script: str) -> None:
-    """Statements one by one: executescript would COMMIT the migration's transaction first."""
-    for statement in script.split(";"):
-        if statement.strip():
-            db.execute(statement)
-
-
-def _m1_initial(db: sqlite3.Connection) -> None:
-    _run(db, """
-        CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL,
-                                        applied_at TEXT NOT NULL);
-        CREATE TABLE inventory (card_id TEXT PRIMARY KEY, count INTEGER NOT NULL CHECK (count >= 0),
-                                source TEXT NOT NULL, catalog_as_of TEXT, recorded_at TEXT NOT NULL);
-        CREATE TABLE quotes (id TEXT PRIMARY KEY, created_at TEXT NOT NULL, spec_hash TEXT NOT NULL,
-                             card_id TEXT NOT NULL, count INTEGER NOT NULL, term_s INTEGER NOT NULL,
-                             total_cents INTEGER NOT NULL, body TEXT NOT NULL);
-        CREATE TABLE bookings (
-            id INTEGER PRIMARY KEY AUTOINCREMENT, card_id TEXT NOT NULL,
-            count INTEGER NOT NULL CHECK (count > 0),
-            start_ts INTEGER NOT NULL, end_ts INTEGER NOT NULL CHECK (end_ts > start_ts),
-            quote_id TEXT REFERENCES quotes(id),
-            status TEXT NOT NULL CHECK (status IN ('booked', 'cancelled')),
-            cancellation_policy TEXT NOT NULL, created_at TEXT NOT NULL, cancelled_at TEXT);
-        CREATE INDEX bookings_by_card ON bookings (card_id, status, end_ts);
-        CREATE TABLE invoices (id INTEGER PRIMARY KEY AUTOINCREMENT,
-                               booking_id INTEGER NOT NULL UNIQUE REFERENCES bookings(id),
-                               issued_at TEXT NOT NULL, currency TEXT NOT NULL DEFAULT 'USD');
-        CREATE TABLE line_items (id INTEGER PRIMARY KEY AUTOINCREMENT,
-                                 invoice_id INTEGER NOT NULL REFERENCES invoices(id),
-                                 kind TEXT NOT NULL, description TEXT NOT NULL, quantity TEXT NOT NULL,
-                                 unit TEXT NOT NULL, unit_price_usd TEXT NOT NULL,
-                                 amount_cents INTEGER NOT NULL);
-    """)
-
-
-def _m2_usage(db: sqlite3.Connection) -> None:
-    _run(db, """
-        CREATE TABLE usage (booking_id INTEGER PRIMARY KEY REFERENCES bookings(id),
-                            hours_used TEXT NOT NULL, recorded_at TEXT NOT NULL);
-    """)
-
-
-Migration = Callable[[sqlite3.Connection], None]
-MIGRATIONS: list[tuple[int, str, Migration]] = [
-    (1, "inventory, quotes, bookings, invoices, line items", _m1_initial),
-    (2, "usage per booking", _m2_usage),
-]
-SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 # --- the ledger --------------------------------------------------------------------------------
@@ -281,7 +166,7 @@ class Ledger:
         path = Path(path) if path is not None else default_db_path()
         in_memory = str(path) == ":memory:"  # SQLite's own name for a private in-memory ledger
         if not in_memory and not path.exists():
-            _create(cls, path)
+            create_ledger(cls, path)
         elif path.is_file() and path.stat().st_size == 0:
             raise UserError("db", f"{str(path)!r} is an empty file, not a tunepilot ledger: "
                             "tunepilot creates a ledger whole, in one step, so something else "
@@ -295,9 +180,22 @@ class Ledger:
         except (OSError, sqlite3.Error) as exc:
             raise UserError("db", f"cannot open the ledger {str(path)!r}: {exc}.",
                             "Pass a writable file path with --db.") from None
-        conn.execute("PRAGMA foreign_keys = ON")
         ledger = cls(conn, path)
-        ledger._migrate()
+        try:
+            problem = integrity_problem(conn)
+            if problem is not None:
+                raise UserError("db", f"the ledger {str(path)!r} is damaged or not a tunepilot "
+                                f"ledger (SQLite's integrity check: {problem}); it was not read "
+                                "or changed.",
+                                "Restore the file from a backup, or pass another --db.")
+            conn.execute("PRAGMA foreign_keys = ON")
+            ledger._migrate()
+        except sqlite3.Error as exc:
+            conn.close()
+            raise db_error(exc, path) from None
+        except BaseException:
+            conn.close()
+            raise
         return ledger
 
     def close(self) -> None:
@@ -345,9 +243,10 @@ class Ledger:
             with self._tx(outcome) as db:  # another process may be migrating: re-read under the lock
                 version = int(db.execute("PRAGMA user_version").fetchone()[0])
                 if version > SCHEMA_VERSION:
-                    raise TunepilotError(f"the ledger {self.path} has schema version {version}, "
-                                         f"newer than this tunepilot's {SCHEMA_VERSION}; upgrade "
-                                         "tunepilot to use it")
+                    raise UserError("db", f"the ledger {self.path} has schema version "
+                                    f"{version}, newer than this tunepilot's {SCHEMA_VERSION}; "
+                                    "it was not changed.", "Upgrade tunepilot to use it, or "
+                                    "pass another --db.")
                 for number, description, migrate in MIGRATIONS:
                     if number > version:
                         migrate(db)
@@ -390,14 +289,16 @@ class Ledger:
         from tunepilot.cost.terms import billed_seconds
 
         end_ts = start_ts + billed_seconds(card, term_s)
-        inventory = card.inventory.count
         stamp = _iso(_ts(now))
         with self._tx() as db:
+            inventory = self._inventory(db, card, catalog_as_of)
+            if quote_id is not None:
+                self._quote_not_booked(db, quote_id)
             rows = db.execute("SELECT start_ts, end_ts, count FROM bookings WHERE card_id = ? AND "
                               "status = ? AND end_ts > ?", (card.id, BOOKED, start_ts)).fetchall()
             used, at = peak_use(rows, start_ts, end_ts)
             if used + count > inventory:
-                raise _refusal(card, count, start_ts, term_s, rows, used, at)
+                raise _refusal(card, inventory, count, start_ts, term_s, rows, used, at)
             db.execute("INSERT INTO inventory VALUES (?, ?, ?, ?, ?) ON CONFLICT (card_id) DO "
                        "UPDATE SET count = excluded.count, source = excluded.source, "
                        "catalog_as_of = excluded.catalog_as_of, recorded_at = excluded.recorded_at",
@@ -414,6 +315,33 @@ class Ledger:
                            [(inv, i.kind, i.description, i.quantity, i.unit, i.unit_price_usd,
                              i.amount_cents) for i in items])
         return self.booking(booking_id)
+
+    def _inventory(self, db: sqlite3.Connection, card: Card, catalog_as_of: str | None) -> int:
+        """The count this ledger allocates ``card`` from: recorded at the card's first booking,
+        then the ledger's own. A catalog that now says another count is refused, not obeyed:
+        a command naming a second catalog must not conjure (or lose) cards."""
+        row = db.execute("SELECT count, source, catalog_as_of, recorded_at FROM inventory WHERE "
+                         "card_id = ?", (card.id,)).fetchone()
+        if row is None:
+            return card.inventory.count
+        if row[0] != card.inventory.count:
+            raise UserError("catalog", f"this ledger allocates {card.id} from an inventory of "
+                            f"{row[0]} (recorded {row[3]} from {row[1]}, catalog as of "
+                            f"{row[2] or 'unknown'}); the catalog given now says "
+                            f"{card.inventory.count}. One ledger holds one inventory; nothing "
+                            "was booked.", "Book with the catalog this ledger was made with, or "
+                            "pass another --db for another inventory.")
+        return row[0]
+
+    def _quote_not_booked(self, db: sqlite3.Connection, quote_id: str) -> None:
+        """A saved quote is booked once (until that booking is cancelled): a retried command
+        must not hold the cards twice."""
+        row = db.execute("SELECT id FROM bookings WHERE quote_id = ? AND status = ?",
+                         (quote_id, BOOKED)).fetchone()
+        if row is not None:
+            raise UserError("quote", f"quote {quote_id} is already booked as booking {row[0]}; "
+                            "nothing was booked.", f"See `tunepilot invoice {row[0]}`; cancel "
+                            "it first to book the quote again, or quote again.")
 
     def booking(self, booking_id: int) -> Booking:
         rows = self._bookings("WHERE b.id = ?", (booking_id,))
@@ -437,31 +365,66 @@ class Ledger:
                "LEFT JOIN invoices i ON i.booking_id = b.id "
                f"LEFT JOIN line_items li ON li.invoice_id = i.id {where} "
                "GROUP BY b.id ORDER BY b.start_ts, b.id")
-        return [Booking(r[0], r[1], r[2], _iso(r[3]), _iso(r[4]), hours_text(r[4] - r[3]), r[5], r[6],
-                        r[7], r[8], int(r[9])) for r in self.conn.execute(sql, args)]
+        out = []
+        for r in self.conn.execute(sql, args).fetchall():
+            self._lines(r[0], r[2], r[3], r[4], r[6])  # the total is of lines that hold
+            out.append(Booking(r[0], r[1], r[2], _iso(r[3]), _iso(r[4]), hours_text(r[4] - r[3]),
+                               r[5], r[6], r[7], r[8], int(r[9])))
+        return out
+
+    def _lines(self, booking_id: int, count: int, start_ts: int, end_ts: int,
+               quote_id: str | None) -> tuple[int, str, list[LineItem]]:
+        """(invoice id, issued at, its line items) of a booking, each line checked against
+        the booking and its own arithmetic (records.line_problem): a row edited or damaged is
+        a UserError naming it, never a figure shown as data."""
+        inv = self.conn.execute("SELECT id, issued_at FROM invoices WHERE booking_id = ?",
+                                (booking_id,)).fetchone()
+        if inv is None:
+            raise _damaged(self.path, f"booking {booking_id} has no invoice row")
+        rows = self.conn.execute("SELECT id, kind, description, quantity, unit, unit_price_usd, "
+                                 "amount_cents FROM line_items WHERE invoice_id = ? ORDER BY id",
+                                 (inv[0],)).fetchall()
+        fields = ("kind", "description", "quantity", "unit", "unit_price_usd", "amount_cents")
+        items = []
+        held_hours = None if quote_id else Decimal(end_ts - start_ts) / 3600
+        for row in rows:
+            try:
+                item = LineItem(**dict(zip(fields, row[1:], strict=True)))
+            except ValueError as exc:
+                raise _damaged(self.path, f"line_items row {row[0]} (booking {booking_id}) is "
+                               f"not a line item ({str(exc).splitlines()[0]})") from None
+            problem = line_problem(item, items, count, held_hours)
+            if problem:
+                raise _damaged(self.path, f"line_items row {row[0]} (booking {booking_id}): "
+                               f"{problem}")
+            items.append(item)
+        return inv[0], inv[1], items
 
     def free(self, card: Card, start_ts: int, end_ts: int) -> int:
-        """Cards of ``card`` free at every instant of [start, end)."""
+        """Cards of ``card`` free at every instant of [start, end) (of the ledger's inventory)."""
+        inventory = self._inventory(self.conn, card, None)
         rows = self.conn.execute("SELECT start_ts, end_ts, count FROM bookings WHERE card_id = ? "
                                  "AND status = ? AND end_ts > ?", (card.id, BOOKED, start_ts))
-        return card.inventory.count - peak_use(rows.fetchall(), start_ts, end_ts)[0]
+        return inventory - peak_use(rows.fetchall(), start_ts, end_ts)[0]
 
     def cancel(self, booking_id: int, now: datetime) -> Cancellation:
         """Cancel per the booking's policy; the refund is a negative line on its invoice."""
         now_ts = _ts(now)
         with self._tx() as db:
-            row = db.execute("SELECT status, start_ts, cancellation_policy FROM bookings WHERE "
-                             "id = ?", (booking_id,)).fetchone()
+            row = db.execute("SELECT status, start_ts, cancellation_policy, count, end_ts, "
+                             "quote_id FROM bookings WHERE id = ?", (booking_id,)).fetchone()
             if row is None:
                 raise UserError("id", f"no booking {booking_id} in the ledger {self.path}.",
                                 "List them with `tunepilot bookings`.")
             if row[0] == CANCELLED:
                 raise UserError("id", f"booking {booking_id} is already cancelled.", None)
-            rule, pct = cancellation_rule(json.loads(row[2]), row[1], now_ts)
-            inv = db.execute("SELECT id FROM invoices WHERE booking_id = ?",
-                             (booking_id,)).fetchone()[0]
-            paid = db.execute("SELECT COALESCE(SUM(amount_cents), 0) FROM line_items WHERE "
-                              "invoice_id = ?", (inv,)).fetchone()[0]
+            try:
+                rule, pct = cancellation_rule(json.loads(row[2]), row[1], now_ts)
+            except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError):
+                raise _damaged(self.path, f"booking {booking_id}'s cancellation policy is not "
+                               "one tunepilot wrote") from None
+            inv, _, items = self._lines(booking_id, row[3], row[1], row[4], row[5])
+            paid = sum(i.amount_cents for i in items)
             refund = refund_cents(int(paid), pct)
             db.execute("INSERT INTO line_items (invoice_id, kind, description, quantity, unit, "
                        "unit_price_usd, amount_cents) VALUES (?, 'refund', ?, ?, 'percent', '', ?)",
@@ -472,14 +435,10 @@ class Ledger:
 
     def invoice(self, booking_id: int) -> Invoice:
         booking = self.booking(booking_id)
-        inv = self.conn.execute("SELECT id, issued_at FROM invoices WHERE booking_id = ?",
-                                (booking_id,)).fetchone()
-        items = self.conn.execute("SELECT kind, description, quantity, unit, unit_price_usd, "
-                                  "amount_cents FROM line_items WHERE invoice_id = ? ORDER BY id",
-                                  (inv[0],)).fetchall()
-        fields = ("kind", "description", "quantity", "unit", "unit_price_usd", "amount_cents")
-        return Invoice(booking, inv[1], tuple(LineItem(**dict(zip(fields, r, strict=True)))
-                                              for r in items))
+        row = self.conn.execute("SELECT count, start_ts, end_ts, quote_id FROM bookings WHERE "
+                                "id = ?", (booking_id,)).fetchone()
+        _, issued, items = self._lines(booking_id, *row)
+        return Invoice(booking, issued, tuple(items))
 
     def record_usage(self, booking_id: int, hours_used: Decimal, now: datetime) -> Usage:
         booking = self.booking(booking_id)
@@ -530,9 +489,14 @@ def hours_text(seconds: int) -> str:
     return f"{(Decimal(seconds) / 3600).normalize():f}"
 
 
-def _refusal(card: Card, count: int, start: int, term_s: int, rows: list, used: int, at: int
-             ) -> CapacityError:
-    inventory = card.inventory.count
+def _damaged(path: Path, what: str) -> UserError:
+    return UserError("db", f"the ledger {str(path)!r} holds a row tunepilot did not write: "
+                     f"{what} (damaged or edited by hand); nothing was shown or changed.",
+                     "Restore the file from a backup, or pass another --db.")
+
+
+def _refusal(card: Card, inventory: int, count: int, start: int, term_s: int, rows: list,
+             used: int, at: int) -> CapacityError:
     free = max(inventory - used, 0)
     if count > inventory:
         return CapacityError(f"{count} x {card.id} asked for, but the inventory has only "

@@ -108,3 +108,43 @@ def peak_use(rows: list[tuple[int, int, int]], start: int, end: int) -> tuple[in
         if used > peak and t < end:
             peak, at = used, t
     return peak, at
+
+
+def line_problem(item: LineItem, before: list[LineItem], count: int,
+                 held_hours: Decimal | None) -> str | None:
+    """What is wrong with one invoice line read back from the ledger, or None: its amount must
+    follow from its own quantity and unit price (to the rounding the line was written with), a
+    compute line's card-hours from the booking's cards and held hours (``held_hours``; None for
+    a quoted booking, whose lines the quote priced), a discount or refund must be negative and
+    at most what the earlier lines bill."""
+    from decimal import InvalidOperation
+
+    amount = item.amount_cents
+    billed = sum(i.amount_cents for i in before)
+    try:
+        qty = Decimal(item.quantity)
+        price = Decimal(item.unit_price_usd) if item.unit_price_usd else None
+    except InvalidOperation:
+        return f"quantity {item.quantity[:20]!r} or unit price {item.unit_price_usd[:20]!r} is " \
+               "not a number"
+    if not qty.is_finite() or (price is not None and not price.is_finite()):
+        return "quantity or unit price is not finite"
+    if item.kind in ("compute", "option"):
+        if price is None or price < 0 or qty < 0:
+            return f"a {item.kind} line with quantity {qty} and price {price}"
+        # quantities are written rounded (3 places for card-hours, 6 for options): the amount
+        # was priced on the exact quantity, so allow that rounding and one cent
+        slack = price * 100 * Decimal("0.0005") + 1
+        if abs(Decimal(amount) - qty * price * 100) > slack:
+            return (f"bills {amount} cents for {qty} {item.unit} at ${price} (that is "
+                    f"{(qty * price * 100).quantize(Decimal(1))} cents)")
+        if item.kind == "compute" and held_hours is not None and \
+                abs(qty - count * held_hours) > Decimal("0.001"):
+            return (f"bills {qty} card-hours, but the booking holds {count} card(s) for "
+                    f"{held_hours.normalize():f} h")
+        return None
+    if item.kind in ("discount", "refund"):
+        if amount > 0 or -amount > billed:
+            return f"a {item.kind} of {amount} cents against {billed} cents billed before it"
+        return None
+    return f"kind {item.kind[:20]!r} is not one tunepilot writes"
