@@ -1,7 +1,7 @@
-"""Published DPO / GRPO figures (benchmarks/data/objectives.yaml, each row with its source) and the
-plan's and the time model's error on each. Imported by plan_accuracy.py (memory rows) and
-throughput_accuracy.py (step-time rows); run on its own it prints both:
+"""Published DPO / GRPO memory figures (benchmarks/data/objectives.yaml, each row with its source)
+and the plan's error on each. Imported by plan_accuracy.py; run on its own it prints them:
   .venv/bin/python benchmarks/objectives_reference.py [--json]
+(The GRPO / PPO step times are benchmarks/rl_steps.py's, printed by throughput_accuracy.py.)
 
 What a row can and cannot say is in its note; rows whose settings were inferred, or that measure
 another implementation, are marked and left out of the like-for-like median.
@@ -103,36 +103,6 @@ def fit_rows() -> list[dict]:
     return out
 
 
-def step_rows() -> list[dict]:
-    """Projected step time: the step's token positions over every rank / (ranks x efficiency
-    x one card's positions per second at the throughput model's MFU, the decode added at the
-    card's HBM bandwidth) - the quote's rule (cost/throughput.per_card) without a pilot."""
-    from tunepilot.catalog import load_catalog
-    from tunepilot.cost.assumptions import efficiency_parts
-    from tunepilot.cost.mfu import estimate
-    from tunepilot.model.flops import decode_seconds_per_position, flops_per_token
-    from tunepilot.spec.objective import global_generation_batch, lengths
-
-    out = []
-    for row in _rows("steps"):
-        spec, arch = _spec(row)
-        card = load_catalog().get(row["card"])
-        e = estimate(spec.model.implementation, card.id, spec.method.kind,
-                     spec.activation_checkpointing, spec.torch_compile, spec.precision)
-        per_s = e.mfu * card.peak_flops(spec.precision.peak_key) / flops_per_token(arch, spec).train
-        decode = decode_seconds_per_position(arch, spec, card.hbm_bandwidth_bytes_per_s)
-        per_s = 1 / (1 / per_s + decode)
-        n = spec.parallel.world_size
-        positions = global_generation_batch(spec) * lengths(spec).sequence
-        projected = positions / (n * efficiency_parts(spec.parallel.strategy, n)[0] * per_s)
-        gen_share = decode / (1 / per_s)
-        out.append({"id": row["id"], "card": card.id, "ranks": n, "mfu": e.mfu,
-                    "published_s": row["published_s"], "projected_s": projected,
-                    "error": projected / row["published_s"] - 1,
-                    "decode_share": gen_share, "note": row["note"], "source": row["source"]})
-    return out
-
-
 def print_memory(rows: list[dict]) -> None:
     print("objectives: plan vs published peaks (GiB = 2^30 B; measured = published)")
     for r in rows:
@@ -149,24 +119,15 @@ def print_memory(rows: list[dict]) -> None:
               f" (max micro-batch {r['max_micro_batch']})")
 
 
-def print_steps(rows: list[dict]) -> None:
-    print("objectives: projected vs published GRPO step time (s; published = measured)")
-    for r in rows:
-        print(f"  {r['id']:<44} {r['ranks']:>3} x {r['card']:<14} MFU {r['mfu']:.2f} "
-              f"{r['published_s']:>7.1f} s {r['projected_s']:>7.1f} s {r['error']:>+7.1%} "
-              f"(decode {r['decode_share']:.0%} of the time)")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    mem, steps = memory_rows(), step_rows()
+    mem = memory_rows()
     if a.json:
-        print(json.dumps({"memory": mem, "fit": fit_rows(), "steps": steps}, indent=1))
+        print(json.dumps({"memory": mem, "fit": fit_rows()}, indent=1))
         return
     print_memory(mem)
-    print_steps(steps)
 
 
 if __name__ == "__main__":

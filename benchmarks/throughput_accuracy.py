@@ -14,6 +14,9 @@ other two residues held out and prints their medians. Published rows the model c
 (cards outside the catalog, models that are not presets) are listed after the table with why.
 Printed, not asserted.
 
+After the table, the RL step rows (benchmarks/rl_steps.py: published GRPO / PPO step times against
+the RL step model) with their own held-out median.
+
 Run:  PYTHONPATH=src .venv/bin/python benchmarks/throughput_accuracy.py [--json] [--splits]
 """
 
@@ -118,16 +121,18 @@ def main() -> None:
     m = medians(rows)
     splits = other_splits() if a.splits else None
     excluded = published_runs().excluded
-    from objectives_reference import print_steps, step_rows
+    import rl_steps  # the RL step rows: benchmarks/rl_steps.py
 
-    steps = step_rows()  # GRPO step times: benchmarks/objectives_reference.py
+    rl, rl_refused = rl_steps.rows()
     if a.json:
         print(json.dumps({"rows": rows, "medians": m, "other_splits": splits,
                           "not_projected": [e.model_dump() for e in excluded],
-                          "objectives": steps}, indent=1))
+                          "rl_steps": {"rows": rl, "not_projected": rl_refused,
+                                       "medians": rl_steps.medians(rl)}}, indent=1))
         return
     _print(rows, excluded, m, splits)
-    print_steps(steps)
+    print()
+    rl_steps.print_rows(rl, rl_refused)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHORT = {
     "throughput_accuracy.py": ([], "median |error|"),
     "time_to_train.py": ([], "median |error|"),
-    "objectives_reference.py": ([], "GRPO step time"),
+    "objectives_reference.py": ([], "plan vs published peaks"),
+    "rl_steps.py": ([], "median |error| held_out"),
     "plan_accuracy.py": ([], "median"),
 }
 

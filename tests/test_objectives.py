@@ -250,14 +250,17 @@ def test_flops_count_the_reference_forward_and_the_decode_is_bandwidth_bound():
     assert decode_seconds_per_position(arch, dpo, 3e12) == 0
 
 
-def test_the_quote_names_the_unit_and_adds_the_decode(capsys):
+def test_the_quote_names_the_unit_and_times_the_rl_step(capsys):
     assert cli("quote", str(CONFIGS / "trl-grpo.yaml"), "--card", H100, "--json") == 0
     import json
 
     q = json.loads(capsys.readouterr().out)
     assert any("prompts with their 8 generated completions" in n for n in q["notes"])
-    assert "decode" in q["throughput"]["per_card"]["how"]
-    assert q["throughput"]["useful_fraction"]["value"] == pytest.approx(1536 / 2048)
+    assert "the RL step's" in q["throughput"]["per_card"]["how"]
+    training = next(t for t in q["time_terms"] if t["name"] == "training")
+    assert "decode steps" in training["parts"][0]["each"]["how"]  # generation, its decode
+    # no mean completion length in the config: half the 1,536-token cap, of 2,048 positions
+    assert q["throughput"]["useful_fraction"]["value"] == pytest.approx(768 / 2048)
 
 
 def test_the_fit_search_keeps_num_generations_dividing_the_batch():

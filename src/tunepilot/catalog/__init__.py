@@ -261,6 +261,9 @@ class Card(_Model):
     hbm_bandwidth_tbps: float = Field(gt=0)
     scale_up: ScaleUp
     tdp_w: int = Field(gt=0)
+    host_link: Literal["pcie4", "pcie5"] | None = None
+    """the card's host interface (x16): what an offloaded optimizer step and vLLM's sleep mode
+    move state over (resources/step_model.yaml host_link: its achieved bandwidth)"""
     sources: list[Source] = Field(min_length=1)
     pricing: Pricing
     inventory: Inventory

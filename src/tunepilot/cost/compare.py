@@ -1,7 +1,8 @@
 """compare: every card x count that fits, quoted on its cheapest covering term and ranked by cost
 per million useful tokens (runs with room first, tight fits after); offers whose host RAM cannot
-hold a node are not ranked; several precisions ranked together. Each row is a quote
-(cost/quote.py build_quote)."""
+hold a node are not ranked; several precisions ranked together, and an RL objective's vLLM
+generation both colocated on the training cards and on a server of its own (its cards billed).
+Each row is a quote (cost/quote.py build_quote)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tunepilot.cost.quote import (
     host_fit_at,
     strategy_at,
 )
+from tunepilot.cost.rl_quote import colocated_count_refused, generation_layout, layout_variants
 from tunepilot.cost.spot import node_rate
 from tunepilot.results.quote import Comparison, Quote, Refusal
 from tunepilot.spec import RunSpec
@@ -38,23 +40,32 @@ def compare(spec: RunSpec, *, run_dir: Path | str | None = None, catalog: Catalo
         node_rate(catalog.cards[0], spot.rate)  # a bad rate is refused before any work
     rows, refused, dropped, notes, source = [], [], [], [], None
     variants = _precision_variants(spec, precisions)
+    layouts = layout_variants(spec)
     for sp in variants:
-        own = sp is spec  # the spec itself: the run directory is its own
-        if run_dir is not None and not own:
-            notes.append(f"precision {sp.precision}: projected - the run directory is of the "
-                         f"spec's own precision ({spec.precision})")
-        ctx = context(sp, catalog, run_dir if own else None, None, base_dir)
-        if own and ctx.run:
-            source = ctx.run.source()
-        tag = f" ({sp.precision})" if len(variants) > 1 else ""
-        r, f, d = _compare_cards(ctx, catalog, tag, spot)
-        rows, refused, dropped = rows + r, refused + f, dropped + d
+        for lay in layout_variants(sp):
+            own = sp is spec and lay is sp  # the spec itself: the run directory is its own
+            if run_dir is not None and not own:
+                notes.append(f"{_tag(lay, variants, layouts).strip()}: projected - the run "
+                             "directory is of the spec's own precision and layout")
+            ctx = context(lay, catalog, run_dir if own else None, None, base_dir)
+            if own and ctx.run:
+                source = ctx.run.source()
+            r, f, d = _compare_cards(ctx, catalog, _tag(lay, variants, layouts), spot)
+            rows, refused, dropped = rows + r, refused + f, dropped + d
     rows.sort(key=lambda q: (q.tight is not None, q.cost_per_million_term_usd is None,
                              q.cost_per_million_term_usd or 0, q.job_s.value))
     return Comparison(spec_label=spec.label, spec_hash=spec.spec_hash(), rows=rows,
                       refused=refused, dropped=_dropped_spec_count(spec, rows) + dropped,
                       assumptions=notes, precisions=[v.precision for v in variants],
-                      run_dir=source)
+                      layouts=[generation_layout(v) for v in layouts] if len(layouts) > 1
+                      else [], run_dir=source)
+
+
+def _tag(spec: RunSpec, variants: list, layouts: list) -> str:
+    """What tells a variant's rows apart: its precision, its generation layout."""
+    parts = ([spec.precision] if len(variants) > 1 else []) + \
+        ([generation_layout(spec)] if len(layouts) > 1 else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _precision_variants(spec: RunSpec, precisions: list[str] | None) -> list[RunSpec]:
@@ -90,6 +101,11 @@ def _compare_cards(ctx: QuoteContext, catalog: Catalog, tag: str, spot: SpotAsk 
                          if least <= c <= max(COMPARE_COUNTS[-1], 2 * least)})
         dropped += [f"{card.id} x {c}{tag}: the run does not fit fewer than {least} of them"
                     for c in COMPARE_COUNTS if c < least]
+        why = {c: colocated_count_refused(ctx.spec, c) for c in counts}
+        dropped += [f"{card.id} x {c}{tag}: {w}" for c, w in why.items() if w]
+        counts = [c for c in counts if not why[c]]
+        if not counts:
+            continue
         host = {c: host_fit_at(ctx, card, c, strategy_at(ctx, card, c)[0]) for c in counts}
         if not any(f.fits for f in host.values()):
             refused.append(Refusal(card=card.id + tag, reason=host[counts[0]].reason))

@@ -28,6 +28,7 @@ from tunepilot.catalog import Card, Catalog, load_catalog
 from tunepilot.checkpoint.components import DATA
 from tunepilot.cost.assumptions import assumed
 from tunepilot.cost.measurements import RunMeasurements, measured_value, read_run_dir
+from tunepilot.cost.rl_quote import generation_layout, rl_note, rl_of, rl_phases, rl_throughput
 from tunepilot.cost.spot import node_rate, spot_quote
 from tunepilot.cost.terms import billed_seconds, check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
@@ -335,16 +336,23 @@ def _export_rate(ctx: QuoteContext, card: Card) -> Figure | None:
 def _job(ctx: QuoteContext, card: Card, count: int, strategy: str):
     spec = ctx.spec
     useful = useful_fraction(ctx)
-    one = per_card(ctx, card, useful)
-    eff, total = scaled(ctx, card, count, strategy, one)
+    rl = rl_of(ctx, card, count, strategy)
+    if rl is not None:
+        one, eff, total = rl_throughput(rl, count)
+    else:
+        one = per_card(ctx, card, useful)
+        eff, total = scaled(ctx, card, count, strategy, one)
     tokens_per_step = spec.batch.positions_per_step_on(count)
     target, steps = ctx.target(count, useful)
     t = _Terms()
     _fixed_terms(ctx, card, t)
     t.add("training", 1, Figure(value=target / total.value, unit="s", basis=total.basis,
                                 how=f"{target:,.0f} useful tokens / {total.value:,.0f} tokens/s"))
+    if rl is not None:
+        t.terms[-1] = rl_phases(t.terms[-1], rl, steps)
+    rate = rl.training_positions_per_s if rl is not None else one  # a validation pass's
     passes = steps // spec.validation.every_steps if spec.validation.enabled else 0
-    t.add("validation", passes, _validation(ctx, card, useful, one))
+    t.add("validation", passes, _validation(ctx, card, useful, rate))
     _checkpoint_terms(ctx, card, t, steps)
     job = Figure(value=sum(x.total.value for x in t.terms), unit="s",
                  basis=all_measured(*(x.total for x in t.terms)), how="sum of the terms")
@@ -426,12 +434,16 @@ def build_quote(ctx: QuoteContext, card: Card, count: int, term_s: int | None, o
         notes.append(f"the term is {(job.value - term.term_s) / 3600:,.1f} h short: it delivers "
                      f"{share:.0%} of the target")
     notes += unit_notes(ctx.spec, target)
+    training = next(x for x in terms if x.name == "training")
+    if training.parts:
+        notes.append(rl_note(training))
     split = ctx.spec.batch.on(count, exact=False)
     if split.note:
         notes.append(split.note)
     return Quote(
         spec_label=ctx.spec.label, spec_hash=ctx.spec.spec_hash(), card_id=card.id, count=count,
         strategy=strategy, precision=ctx.spec.precision, tight=tight,
+        generation_layout=generation_layout(ctx.spec),
         target_useful_tokens=target, optimizer_steps=steps,
         tokens_per_step=tps, run=run_numbers(ctx, card, count, throughput, steps),
         flops_per_token=Figure.projected(

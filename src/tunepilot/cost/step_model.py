@@ -1,5 +1,5 @@
 """resources/step_model.yaml as a typed model, read once: the constants of what a step costs
-beyond its FLOPs (kernel launches, the host link)."""
+beyond its FLOPs (kernel launches, decode, weight sync, the host link)."""
 
 from __future__ import annotations
 
@@ -42,11 +42,39 @@ class HostLink(_Read):
         return self.gbps_per_direction[link] * 1e9 * self.achieved_fraction
 
 
+class Decode(_Read):
+    hbm_fraction: float = Field(gt=0, le=1)
+    hbm_source: str
+    engine_step_s: float | None = Field(default=None, ge=0)
+    tp_allreduce_s: float | None = Field(default=None, ge=0)
+    engine_kind: Kind
+    engine_runs: list[str] = Field(default_factory=list)
+    engine_source: str | None = None
+
+
+class WeightSync(_Read):
+    colocated_gb_per_s: float | None = Field(default=None, gt=0)
+    colocated_kind: Kind
+    colocated_runs: list[str] = Field(default_factory=list)
+    colocated_source: str | None = None
+    server_gb_per_s: float = Field(gt=0)
+    server_kind: Kind
+    server_source: str
+    sleep_wake: str
+
+
 class StepModel(_Read):
     schema_version: int
     as_of: str
     launch: Launch
     host_link: HostLink
+    decode: Decode
+    weight_sync: WeightSync
+
+    def fitted_runs(self) -> dict[str, list[str]]:
+        """Each fitted constant -> the published RL runs it was fitted on."""
+        return {"decode.engine": list(self.decode.engine_runs),
+                "weight_sync.colocated": list(self.weight_sync.colocated_runs)}
 
 
 @cache

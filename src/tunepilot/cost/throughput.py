@@ -41,6 +41,14 @@ def useful_fraction(ctx) -> Figure:
                                "pilot.json useful / padded tokens per s (a property of the data)")
     if ctx.profile is not None:
         return ctx.profile.useful_fraction_figure(ctx.spec)
+    if ctx.spec.objective.generative and ctx.spec.data.source == "synthetic":
+        from tunepilot.cost.rollout import completion_shape
+
+        shape = completion_shape(ctx.spec)
+        return Figure.projected(shape.mean / ctx.spec.sequence_length, "fraction",
+                                f"the completions' mean {shape.mean:,.0f} tokens of the "
+                                f"{ctx.spec.sequence_length:,}-token sequence (the prompt is "
+                                "not trained; cost/rollout.py completion lengths)")
     if ctx.spec.data.source == "synthetic":
         from tunepilot.spec.objective import useful_fraction_at_full_length
 
@@ -157,7 +165,7 @@ def _launch_floor(ctx, positions: float, seq: float):
     shapes = trainable_shapes(ctx.arch, spec)
     elements = sum(_numel(s) for s in shapes)
     floor = step_floor(ctx.arch, spec, spec.gradient_accumulation_steps, len(shapes), elements)
-    per_step = spec.micro_batch_size * spec.objective.sequences_per_sample * \
+    per_step = spec.micro_batch_size * spec.batch.sequences_per_sample * \
         spec.gradient_accumulation_steps * seq
     if per_step / positions >= floor.seconds:
         return positions, None

@@ -70,6 +70,12 @@ class TimeTerm(Model):
     times: int
     each: Figure
     total: Figure
+    parts: list[TimeTerm] = Field(default_factory=list)
+    """an RL objective's training, phase by phase (generation, weight sync, log-probs, reward,
+    policy update: cost/rl_step.py), each over the job's generation batches; they add up to
+    the term"""
+    dominant: str | None = None
+    """the part that takes the most time"""
 
 
 class QuoteThroughput(Model):
@@ -146,6 +152,9 @@ class Quote(StageResult, _Derived):
     strategy: str
     precision: str | None = None
     """the spec's precision (compare --precision ranks several)"""
+    generation_layout: str | None = None
+    """an RL objective's generation: vllm-colocate, vllm-server N (cards), transformers
+    (compare ranks colocated and server layouts together)"""
     tight: str | None = None
     """why the run fits the card only with less free memory than the headroom asked (None: it
     has room); compare ranks tight runs below runs with room"""
@@ -208,4 +217,6 @@ class Comparison(StageResult):
     assumptions: list[str] = Field(default_factory=list)
     precisions: list[str] = Field(default_factory=list)
     """the precisions ranked together (compare --precision), when more than the spec's"""
+    layouts: list[str] = Field(default_factory=list)
+    """an RL objective's generation layouts ranked together (colocated and on a server)"""
     run_dir: RunSource | None = None

@@ -68,6 +68,13 @@ class GenerationSpec(_Strict):
     """vllm-colocate: vLLM releases its KV cache (and offloads its weights) while training runs"""
     server_devices: int = Field(default=1, gt=0, le=4096)
     """vllm-server: cards that run the vLLM server"""
+    tensor_parallel: int = Field(default=1, gt=0, le=64)
+    """vLLM's tensor_parallel_size: the cards one generation engine spans (its weights and KV
+    cache split over them); the engines are the cards / tensor_parallel"""
+    off_policy_steps: int = Field(default=0, ge=0, le=64)
+    """0: on-policy, each step generates with the weights it trains; 1 or more: generation of
+    the next batches runs on the server while the policy trains on this one (NeMo-RL's async
+    GRPO, verl's one-step-off): the step takes the longer of the two, not their sum"""
 
     @model_validator(mode="after")
     def _sleep_needs_colocate(self) -> GenerationSpec:
@@ -75,6 +82,19 @@ class GenerationSpec(_Strict):
             raise ValueError(f"generation.sleep_mode is vLLM's colocated sleep (it frees the "
                              f"card between generations) but backend is {self.backend!r}; "
                              "remove sleep_mode, or set backend: vllm-colocate")
+        if self.off_policy_steps and self.backend != "vllm-server":
+            raise ValueError(f"generation.off_policy_steps {self.off_policy_steps} overlaps "
+                             "generation with training, which needs generation on cards of its "
+                             f"own, but backend is {self.backend!r}; set backend: vllm-server "
+                             "(with server_devices), or off_policy_steps: 0")
+        if self.tensor_parallel > 1 and self.backend == "transformers":
+            raise ValueError("generation.tensor_parallel splits a vLLM engine over cards; "
+                             "transformers' generate runs on each training rank: remove it, or "
+                             "set backend: vllm-colocate / vllm-server")
+        if self.backend == "vllm-server" and self.server_devices % self.tensor_parallel:
+            raise ValueError(f"generation.server_devices {self.server_devices} is not a "
+                             f"multiple of tensor_parallel {self.tensor_parallel}: every engine "
+                             "spans tensor_parallel cards; set server_devices to a multiple")
         return self
 
 
@@ -96,6 +116,11 @@ class ObjectiveSpec(_Strict):
     max_completion_length for generation"""
     max_completion_length: int | None = Field(default=None, gt=0, le=1 << 21)
     """tokens of each completion (chosen/rejected, or generated; TRL's GRPO default 512)"""
+    mean_completion_length: int | None = Field(default=None, gt=0, le=1 << 21)
+    """generation: the mean tokens a completion runs to before its end-of-sequence (your
+    trainer's logged completion length, or the dataset profile's); null: half of
+    max_completion_length. The time model draws completion lengths around it with a long tail
+    that reaches the cap (cost/rollout.py) and the step waits for its longest"""
     concatenate_pairs: bool = True
     """pairs: chosen and rejected in one forward of 2 x micro_batch_size rows (TRL's default)"""
     num_generations: int | None = Field(default=None, gt=0, le=4096)
@@ -124,8 +149,8 @@ class ObjectiveSpec(_Strict):
             raise ValueError(f"objective {self.kind!r} uses no reference model, but reference "
                              f"is {self.reference!r}; remove it (or use dpo/kto/grpo)")
         if not self.generative:
-            gen = [k for k in ("num_generations", "steps_per_generation")
-                   if getattr(self, k) is not None]
+            gen = [k for k in ("num_generations", "steps_per_generation",
+                               "mean_completion_length") if getattr(self, k) is not None]
             gen += ["num_iterations"] if self.num_iterations != 1 else []
             gen += ["generation"] if self.generation != GenerationSpec() else []
             if gen:
@@ -344,6 +369,17 @@ def check(spec: Any) -> None:
             raise ValueError(f"sequence_length {s} is shorter than objective.max_prompt_length "
                              f"+ max_completion_length ({ln.prompt} + {ln.completion}); set "
                              f"sequence_length: {ln.sequence}")
+        if o.mean_completion_length is not None and o.mean_completion_length > ln.completion:
+            raise ValueError(f"objective.mean_completion_length {o.mean_completion_length} is "
+                             f"longer than max_completion_length {ln.completion}: a completion "
+                             "stops at the cap; set it to your trainer's logged mean (at most "
+                             "the cap)")
+        if o.generation.backend == "vllm-colocate" and \
+                spec.parallel.world_size % o.generation.tensor_parallel:
+            raise ValueError(f"objective.generation.tensor_parallel "
+                             f"{o.generation.tensor_parallel} does not divide the "
+                             f"{spec.parallel.world_size} training card(s) the colocated engines "
+                             "run on; set it to a divisor of parallel.devices x nodes")
         gen = global_generation_batch(spec)
         if o.generations > 1 and gen % o.generations:
             raise ValueError(_indivisible(spec, gen))

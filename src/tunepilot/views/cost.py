@@ -95,6 +95,10 @@ def render_quote(q: Quote) -> None:
     for term in q.time_terms:
         t.add_row(term.name, f"{term.times:,}", _value(term.each), _value(term.total),
                   mark(term.total.basis), escape(term.each.how))
+        for part in term.parts:  # an RL step's phases, adding up to the training term
+            t.add_row(f"  {part.name}" + (" (dominates)" if part.name == term.dominant else ""),
+                      f"{part.times:,}", _value(part.each), _value(part.total),
+                      mark(part.total.basis), escape(part.each.how))
     t.add_row("[bold]job[/bold]", "", "", f"[bold]{duration(q.job_s.value)}[/bold]",
               mark(q.job_s.basis), "")
     console.print(t)
@@ -210,9 +214,11 @@ def render_spot(q: Quote) -> None:
 
 def render_compare(c: Comparison) -> None:
     several = len(c.precisions) > 1
+    layouts = len(c.layouts) > 1
     t = _table(f"{c.spec_label}: every card x count that fits, by cost per million useful tokens "
                "(cheapest term covering the job + safety margin; tight fits last)",
                ["#", "card", "count", "strategy"] + (["precision"] if several else [])
+               + (["generation"] if layouts else [])
                + ["useful tokens/s", "time to finish", "term", "term cost", "$/M tokens (term)",
                   "$/M tokens (job)", "job: on-demand / spot expected", "binds",
                   "terms measured"],
@@ -226,6 +232,7 @@ def render_compare(c: Comparison) -> None:
         mark = f"{f.basis[0]}" + (f", MFU {kind}" if kind and not f.is_measured else "")
         t.add_row(str(rank) + (" tight" if q.tight else ""), q.card_id, str(q.count),
                   q.strategy, *([q.precision or ""] if several else []),
+                  *([q.generation_layout or ""] if layouts else []),
                   f"{f.value:,.0f} ({mark})", f"{q.job_s.value / 3600:,.2f} h "
                   f"({q.job_s.basis[0]})", f"{q.term.term_s / 3600:,.2f} h"
                   + (f" ({q.term.discount_term})" if q.term.discount_term else ""),
