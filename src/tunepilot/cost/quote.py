@@ -33,6 +33,7 @@ from tunepilot.cost.spot import node_rate, spot_quote
 from tunepilot.cost.terms import billed_seconds, check_count, parse_options, term_cost
 from tunepilot.cost.throughput import all_measured, per_card, scaled, useful_fraction
 from tunepilot.errors import UserError
+from tunepilot.model.context import context_warning
 from tunepilot.model.flops import (
     EXPORT_RULE,
     FlopsPerToken,
@@ -437,6 +438,7 @@ def build_quote(ctx: QuoteContext, card: Card, count: int, term_s: int | None, o
     training = next(x for x in terms if x.name == "training")
     if training.parts:
         notes.append(rl_note(training))
+    notes += [w for w in [context_warning(ctx.arch, ctx.spec)] if w]
     split = ctx.spec.batch.on(count, exact=False)
     if split.note:
         notes.append(split.note)

@@ -152,6 +152,9 @@ class Arch:
     hf_id: str | None
     config_hash: str
     hidden_act: str = "silu"  # the config's activation (hidden_act / activation_function)
+    # positions the config is made for: max_position_embeddings, or its rope_scaling's
+    # original_max_position_embeddings x factor where larger (model/context.py); None: unnamed
+    context_length: int | None = None
 
     @property
     def kv_dim(self) -> int:
@@ -236,7 +239,20 @@ class Arch:
             hf_id=meta.get("hf_id"),
             config_hash=config_hash(cfg),
             hidden_act=_activation(cfg),
+            context_length=_context_length(cfg, int(max_pos) if max_pos else None),
         )
+
+
+def _context_length(cfg: dict[str, Any], max_pos: int | None) -> int | None:
+    """max_position_embeddings, or the config's own RoPE scaling where it names the context it
+    stretches (Qwen2.5's YaRN: original 32768 x factor 4 over max_position_embeddings 32768)."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if isinstance(rope, dict):
+        original, factor = rope.get("original_max_position_embeddings"), rope.get("factor")
+        if isinstance(original, int | float) and isinstance(factor, int | float) and \
+                not isinstance(original, bool) and 0 < original * factor < 2**40:
+            return max(max_pos or 0, int(original * factor))
+    return max_pos
 
 
 def _activation(cfg: dict[str, Any]) -> str:

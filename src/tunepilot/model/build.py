@@ -52,6 +52,8 @@ def hf_config(spec: RunSpec, base_dir: Path | None = None, config: dict | None =
     cfg = dict(config if config is not None else resolve_model_config(spec, base_dir))
     cfg.pop(META_KEY, None)
     model_type = cfg.pop("model_type", None)
+    if spec.model.rope_scaling:
+        _scale_rope(cfg, spec.model.rope_scaling)
     if not model_type:
         raise UserError("model.config", "the config has no 'model_type'.",
                         "Use the model's own config.json from the Hugging Face hub.")
@@ -62,6 +64,20 @@ def hf_config(spec: RunSpec, base_dir: Path | None = None, config: dict | None =
                         f"{exc}", "Upgrade transformers, or use a supported architecture.") from None
     hf.use_cache = False
     return hf
+
+
+def _scale_rope(cfg: dict, factor: float) -> None:
+    """The spec's RoPE scaling (model/context.py): linear position interpolation by ``factor``;
+    over a config that scales RoPE already (Llama 3.1's llama3, YaRN), its own factor x this,
+    so the context is the config's x ``factor`` either way."""
+    key = "rope_parameters" if isinstance(cfg.get("rope_parameters"), dict) else "rope_scaling"
+    rope = dict(cfg.get(key) or {})
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind in (None, "default"):
+        rope.update(rope_type="linear", factor=float(factor))
+    else:
+        rope["factor"] = float(rope.get("factor") or 1.0) * factor
+    cfg[key] = rope
 
 
 def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: Path | None = None,

@@ -8,7 +8,7 @@ from pathlib import Path
 from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.model.arch import Arch, resolve_arch
 from tunepilot.plan.analytic.core import analytic_plan
-from tunepilot.plan.fit import DEFAULT_HEADROOM, fit_card
+from tunepilot.plan.fit import DEFAULT_HEADROOM, fit_card, note_context
 from tunepilot.plan.host import attach_host
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
@@ -27,6 +27,7 @@ def make_plan(spec: RunSpec, *, catalog: Catalog | None = None, card_ids: list[s
     plan = analytic_plan(spec, arch, stack)
     plan.cards = [fit_card(spec, arch, card, analytic_plan, headroom, plan) for card in cards]
     plan.assumptions += left_out
+    note_context(plan, spec, arch)
     attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input

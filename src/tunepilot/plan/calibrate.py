@@ -26,7 +26,7 @@ from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.errors import UserError
 from tunepilot.model.arch import Arch, resolve_arch
 from tunepilot.plan.analytic.core import analytic_plan, runtime_constants
-from tunepilot.plan.fit import DEFAULT_HEADROOM, Planner, fit_card
+from tunepilot.plan.fit import DEFAULT_HEADROOM, Planner, fit_card, note_context
 from tunepilot.plan.host import attach_host
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
@@ -166,6 +166,7 @@ def make_calibrated_plan(spec: RunSpec, run_dir: Path | str, *, catalog: Catalog
     plan = planner(spec, arch, stack)
     plan.cards = [fit_card(spec, arch, card, planner, headroom, plan) for card in cards]
     plan.assumptions += left_out
+    note_context(plan, spec, arch)
     attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     return plan

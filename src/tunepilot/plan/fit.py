@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from tunepilot.catalog import Card
 from tunepilot.model.arch import Arch
+from tunepilot.model.context import search_cap
 from tunepilot.plan.analytic.phases import card_device_peak, vllm_reserve_bytes
 from tunepilot.plan.search import largest_passing
 from tunepilot.results.plan import CardFit, DevicesNeeded, MemoryPlan
@@ -39,6 +40,7 @@ def fit_card(spec: RunSpec, arch: Arch, card: Card, planner: Planner,
     plan = plan if plan is not None and plan.stack == stack else planner(spec, arch, stack)
     cap = card.capacity_bytes
     peak, phase = card_device_peak(plan, spec, cap)
+    fitting = fits(peak, cap, headroom)
 
     def ok(s: RunSpec | None, room: float = headroom) -> bool:
         return s is not None and fits(card_device_peak(planner(s, arch, stack), s, cap)[0],
@@ -48,30 +50,48 @@ def fit_card(spec: RunSpec, arch: Arch, card: Card, planner: Planner,
         return ok(s, 0.0)
 
     def largest(field: str, upper: int) -> int:
-        """The largest value of ``field`` that fits: micro-batches in _batch_step steps; a
-        generative sequence as its prompt + the largest completion."""
+        """The largest value of ``field`` that fits, searched upward from the smallest valid one
+        (micro-batches in _batch_step steps; a sequence past a pair's or a generation's prompt),
+        starting from the spec's own value where it is on the way."""
         step = _batch_step(spec) if field == "micro_batch_size" else 1
-        base = 0
+        first = step if field == "micro_batch_size" else _shortest_valid_sequence(spec)
+        if first > upper:
+            return 0
+        own = getattr(spec, field)
+        at = (own - first) // step + 1 if own >= first and (own - first) % step == 0 else None
         if field == "sequence_length" and spec.objective.generative:
-            from tunepilot.spec.objective import lengths
-
-            base = lengths(spec).prompt
-        best = largest_passing(lambda v: ok(_changed(spec, field, base + v * step)),
-                               (upper - base) // step)[0]
-        return base + best * step if best else 0
+            at = None  # its own length may hold a shorter completion than the search's
+        hint = {} if at is None or own > upper else \
+            {"known_ok": at} if fitting else {"known_bad": at}
+        best = largest_passing(lambda x: ok(_changed(spec, field, first + (x - 1) * step)),
+                               (upper - first) // step + 1, **hint)[0]
+        return first + (best - 1) * step if best else 0
 
     ddp, fsdp = _ddp_devices(spec, ok), _fsdp_devices(spec, ok)
     ddp_tight = _ddp_devices(spec, tight) if ddp is None else None
     fsdp_tight = _fsdp_devices(spec, tight, below=fsdp)
     return CardFit(
         card=card.id, capacity_bytes=cap, device_peak_bytes=peak,
-        fits=fits(peak, cap, headroom), headroom_fraction=1.0 - peak / cap,
+        fits=fitting, headroom_fraction=1.0 - peak / cap,
         devices_needed=DevicesNeeded(ddp=ddp, fsdp=fsdp, ddp_tight=ddp_tight,
                                      fsdp_tight=fsdp_tight),
         max_micro_batch=largest("micro_batch_size", MAX_SEARCH_MICRO_BATCH),
-        max_sequence_length=largest("sequence_length", MAX_SEARCH_SEQ),
+        max_sequence_length=largest("sequence_length", search_cap(arch, spec, MAX_SEARCH_SEQ)[0]),
         peak_phase=phase, generation_reserve_bytes=vllm_reserve_bytes(spec, cap),
         headroom_asked=headroom)
+
+
+def note_context(plan: MemoryPlan, spec: RunSpec, arch: Arch) -> None:
+    """The plan's words on the model's context: a warning when sequence_length runs past it, and
+    where the max seq len column stops (model/context.py)."""
+    from tunepilot.model.context import context_warning
+
+    warning = context_warning(arch, spec)
+    if warning:
+        plan.warnings.append(warning)
+    cap_note = search_cap(arch, spec, MAX_SEARCH_SEQ)[1]
+    if cap_note:
+        plan.assumptions.append(cap_note)
 
 
 def _batch_step(spec: RunSpec) -> int:
@@ -85,6 +105,22 @@ def _batch_step(spec: RunSpec) -> int:
     per = (o.steps_per_generation or spec.gradient_accumulation_steps) * \
         spec.parallel.world_size
     return o.generations // math.gcd(o.generations, per)
+
+
+def _shortest_valid_sequence(spec: RunSpec) -> int:
+    """The shortest sequence_length at which the spec is valid: 1 for SFT; past the prompt for a
+    pair (a DPO spec with max_prompt_length 1024 starts at 1025) or a generation. Bisection
+    between 1 and the spec's own length, which is valid."""
+    if _changed(spec, "sequence_length", 1) is not None:
+        return 1
+    bad, good = 1, spec.sequence_length
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        if _changed(spec, "sequence_length", mid) is None:
+            bad = mid
+        else:
+            good = mid
+    return good
 
 
 def _changed(spec: RunSpec, field: str, value: int) -> RunSpec | None:

@@ -135,6 +135,8 @@ class MemoryPlan(StageResult):
     strategy: str
     stack: str
     assumptions: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    """what the plan holds true but the run should not do as asked (past the model's context)"""
     cards: list[CardFit] = Field(default_factory=list)
     host: HostPlan | None = None
     """host RAM and local disk per node for the spec's layout (plan/host.py)"""

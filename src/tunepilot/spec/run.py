@@ -56,16 +56,17 @@ class ModelSpec(_Strict):
     classification head on the last token; encoders such as BERT included)"""
     num_labels: int = Field(default=2, gt=0, le=100_000)
     """sequence-classification: the number of classes"""
+    rope_scaling: float | None = Field(default=None, gt=1, le=1024, allow_inf_nan=False)
+    """linear RoPE scaling factor (position interpolation): the context x this (model/context.py)"""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
         if (self.preset is None) == (self.config is None):
             both = self.preset is not None
-            raise ValueError(
-                ("sets both 'preset' and 'config'; " if both else "needs 'preset' or 'config'; ")
-                + "give exactly one: a shipped preset name (see `tunepilot presets`) or the path "
-                "of a local Hugging Face config.json or model directory"
-            )
+            raise ValueError(("sets both 'preset' and 'config'; " if both else "needs 'preset' or "
+                              "'config'; ") + "give exactly one: a shipped preset name (see "
+                             "`tunepilot presets`) or the path of a local Hugging Face "
+                             "config.json or model directory")
         return self
 
 

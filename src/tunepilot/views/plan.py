@@ -46,6 +46,8 @@ def render_plan(plan: MemoryPlan, spec, headroom: float) -> None:
                       f"{fmt_bytes(diff['analytic_bytes'])} analytic - {escape(diff['why'])}")
     if plan.assumptions:
         console.print("assumes: " + escape("; ".join(plan.assumptions)))
+    for w in plan.warnings:
+        console.print("[yellow]warning[/yellow]: " + escape(w))
 
 
 def _objective(spec) -> None:

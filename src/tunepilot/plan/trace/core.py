@@ -54,7 +54,7 @@ from tunepilot.plan.analytic.variants import (
     offloads_activations,
     without_offload,
 )
-from tunepilot.plan.fit import DEFAULT_HEADROOM, fit_card
+from tunepilot.plan.fit import DEFAULT_HEADROOM, fit_card, note_context
 from tunepilot.plan.host import attach_host
 from tunepilot.plan.reserve.core import reserve, reserve_note, varied_shapes
 from tunepilot.plan.trace.messages import TracedPhase, TraceJob, TraceResult
@@ -103,6 +103,7 @@ def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
         planner = scaled_planner(plan, analytic)
     plan.cards = [fit_card(spec, arch, c, planner, headroom, plan) for c in cards]
     plan.assumptions += left_out
+    note_context(plan, spec, arch)
     attach_host(plan, spec, arch, cards, headroom)
     plan.spec_hash = spec.spec_hash()
     if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input
