@@ -65,6 +65,39 @@ def test_a_small_models_memory_shows_its_training_state_not_only_the_runtime():
     assert state and max(state.values()) >= 100, widths  # visible, not 1-px slivers
 
 
+def test_the_memory_chart_draws_the_fit_tables_device_peak_for_every_card():
+    """One figure, one source: the demo's chart drew 804 MiB on all four cards where the table
+    said 867.6 MiB (1.06 GiB on MI300X) - it dropped the cuBLAS workspace (in allocated, in no
+    component) and drew one card's runtime for all."""
+    from tunepilot.plan.api import make_plan
+    from tunepilot.report.html import _memory
+    from tunepilot.resources import DEMO_SPEC_YAML
+    from tunepilot.spec import load_spec
+
+    plan = make_plan(load_spec(DEMO_SPEC_YAML))
+    assert len({c.device_peak_bytes for c in plan.cards}) > 1  # ROCm's runtime differs
+    mem = _memory(plan, None)
+    chart = mem["charts"][0]
+    texts = [t["text"] for t in chart.shapes if t["kind"] == "text"]
+    widths = [r for r in chart.shapes if r["kind"] == "rect"]
+    assert widths and any("workspaces (cuBLAS)" in r["tip"] for r in widths)
+    for card, row in zip(plan.cards, mem["fit_rows"], strict=True):
+        assert row[2] in texts  # the table's device peak, word for word, at the bar's end
+        bar = next(b for b in _bars_of(plan) if b["label"].startswith(card.card))
+        assert sum(bar["values"].values()) == card.device_peak_bytes
+
+
+def _bars_of(plan):
+    """The bars _memory hands the chart (captured from charts.stacked_bars)."""
+    from unittest import mock
+
+    from tunepilot.report import charts, html
+
+    with mock.patch.object(charts, "stacked_bars", wraps=charts.stacked_bars) as spy:
+        html._memory(plan, None)
+    return spy.call_args_list[0].args[1]
+
+
 @pytest.mark.parametrize("seconds,words", [(780, "13 minutes"), (5400, "1.5 hours"),
                                            (3 * 86400, "3 days"), (45, "45 seconds")])
 def test_term_lengths_read_as_words_not_fractions_of_an_hour(seconds, words):

@@ -48,7 +48,8 @@ def _num(v: float) -> str:
 def stacked_bars(title: str, bars: list[dict], components: list[str], unit: str,
                  scale_bytes: float) -> Chart:
     """Horizontal stacked bars. bars: [{label, values: {component: bytes}, markers: [{label,
-    value}], projected}] drawn in ``unit`` (= scale_bytes bytes). The axis fits the bars: a
+    value}], projected, total_text}] drawn in ``unit`` (= scale_bytes bytes); total_text (the
+    table's own words for the bar's sum) is written at its end. The axis fits the bars: a
     capacity mark beyond 4x the largest bar is written at the right edge, not drawn off scale."""
     row_h, left, right, top = 34, 200, 150, 30
     height = top + row_h * len(bars) + 70
@@ -76,7 +77,7 @@ def stacked_bars(title: str, bars: list[dict], components: list[str], unit: str,
             x += w
         total = sum(b["values"].values()) / scale_bytes
         c.shapes.append({"kind": "text", "x": x + 4, "y": y + 17, "anchor": "start",
-                         "text": f"{_num(total)} {unit}"})
+                         "text": b.get("total_text") or f"{_num(total)} {unit}"})
         for m in b.get("markers", []):
             mv = m["value"] / scale_bytes
             if mv <= vmax:

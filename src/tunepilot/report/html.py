@@ -14,7 +14,6 @@ from pathlib import Path
 
 from markupsafe import Markup, escape
 
-from tunepilot.plan.fit import DEFAULT_HEADROOM
 from tunepilot.report import charts
 from tunepilot.results.data import DataProfile
 from tunepilot.results.decision import Decision
@@ -61,26 +60,23 @@ def _memory(plan: MemoryPlan | None, pilot: PilotResult | None) -> dict | None:
                         "plan SPEC` projects one)."} \
             if measured else None
     d = plan.per_device
-    at = plan.phase(plan.peak_phase) or plan.phases[0]
-    values = {"weights": at.weights_bytes, "master weights": at.master_weights_bytes,
-              "gradients": at.gradients_bytes, "optimizer": at.optimizer_bytes,
-              "activations": at.activations_bytes,
-              "temporaries": at.temporary_bytes + at.collective_buffers_bytes,
-              "allocator + runtime": d.device_peak_bytes - d.allocated_peak_bytes}
-    if plan.peak_phase == "model-load":
-        values = {"model load": d.load_peak_bytes,
-                  "allocator + runtime": d.device_peak_bytes - d.allocated_peak_bytes}
-    unit, scale = ("GiB", GIB) if d.device_peak_bytes >= GIB else ("MiB", MIB)
-    bars = [{"label": f"{c.card} ({'fits' if c.fits else 'does not fit'})", "values": values,
-             "projected": True, "markers": [
+    state = _state_at_peak(plan)
+    peaks = {c.card: c.device_peak_bytes for c in plan.cards} or {"plan": d.device_peak_bytes}
+    unit, scale = ("GiB", GIB) if max(peaks.values()) >= GIB else ("MiB", MIB)
+    # one figure, one source: each bar is its card's device peak as the fit table states it;
+    # the training state is the plan's, the rest is that card's allocator reserve and runtime
+    bars = [{"label": f"{c.card} ({'fits' if c.fits else 'does not fit'})",
+             "values": {**state, RUNTIME: max(c.device_peak_bytes - sum(state.values()), 0)},
+             "total_text": fmt_bytes(c.device_peak_bytes), "projected": True, "markers": [
                  {"label": "capacity", "value": c.capacity_bytes, "color": "#000"},
-                 {"label": f"capacity less {DEFAULT_HEADROOM:.0%} headroom",
-                  "value": c.capacity_bytes * (1 - DEFAULT_HEADROOM), "color": "#d93025",
+                 {"label": f"capacity less {c.headroom_asked:.0%} headroom",
+                  "value": c.capacity_bytes * (1 - c.headroom_asked), "color": "#d93025",
                   "dash": "4 3"}]} for c in plan.cards]
     chart = charts.stacked_bars(f"Device peak per card at the {plan.peak_phase} phase "
-                                f"({plan.fidelity} plan, projected; ticks: capacity solid, "
-                                "less headroom dashed)", bars, list(values), unit, scale)
-    out = {"charts": [chart, *_state_chart(values, d.device_peak_bytes)],
+                                f"({plan.fidelity} plan, projected; the fit table's figures; "
+                                "ticks: capacity solid, less headroom dashed)", bars,
+                                [*state, RUNTIME], unit, scale)
+    out = {"charts": [chart, *_state_chart(state, d.device_peak_bytes)],
            "measured_rows": measured, "note": None,
            "fit_headers": ["card", "capacity", "device peak", "fits", "free", "FSDP cards",
                            "max micro-batch", "max seq len"],
@@ -107,23 +103,40 @@ def _memory(plan: MemoryPlan | None, pilot: PilotResult | None) -> dict | None:
 
 
 RUNTIME_DOMINATES = 0.5  # allocator + runtime above this share of the peak: chart the rest too
+RUNTIME = "allocator + runtime"
+WORKSPACES = "workspaces (cuBLAS)"
 
 
-def _state_chart(values: dict[str, int], peak: int) -> list:
+def _state_at_peak(plan: MemoryPlan) -> dict[str, int]:
+    """What the step holds at its peak phase, by component, summing to the allocated peak: the
+    library workspaces (cuBLAS's, in allocated, in no component) are a part of their own."""
+    d = plan.per_device
+    if plan.peak_phase == "model-load":
+        return {"model load": d.load_peak_bytes}
+    at = plan.phase(plan.peak_phase) or plan.phases[0]
+    state = {"weights": at.weights_bytes, "master weights": at.master_weights_bytes,
+             "gradients": at.gradients_bytes, "optimizer": at.optimizer_bytes,
+             "activations": at.activations_bytes,
+             "temporaries": at.temporary_bytes + at.collective_buffers_bytes}
+    state[WORKSPACES] = max(d.allocated_peak_bytes - sum(state.values()), 0)
+    return state
+
+
+def _state_chart(state: dict[str, int], peak: int) -> list:
     """A small model's peak is mostly the runtime (CUDA context, workspaces): its training state
     is then charted again on its own scale, so what the run itself holds can be read."""
-    runtime = values.get("allocator + runtime", 0)
-    state = {k: v for k, v in values.items() if k != "allocator + runtime"}
+    state = {k: v for k, v in state.items() if k != WORKSPACES}
     total = sum(state.values())
+    runtime = peak - total
     if not peak or runtime <= RUNTIME_DOMINATES * peak or total <= 0:
         return []
     unit, scale = next(((u, n) for u, n in (("GiB", GIB), ("MiB", MIB)) if total >= n),
                        ("KiB", 1024))
     return [charts.stacked_bars(
         f"The training state alone ({fmt_bytes(total)} of the {fmt_bytes(peak)} peak; "
-        f"allocator + runtime is the other {runtime / peak:.0%}), projected",
-        [{"label": "training state", "values": state, "projected": True, "markers": []}],
-        list(state), unit, scale)]
+        f"workspaces, allocator and runtime are the other {runtime / peak:.0%}), projected",
+        [{"label": "training state", "values": state, "projected": True, "markers": [],
+          "total_text": fmt_bytes(total)}], list(state), unit, scale)]
 
 
 def _measured_memory(pilot: PilotResult | None) -> list[list]:
