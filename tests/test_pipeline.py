@@ -43,11 +43,15 @@ def test_the_pilot_counts_its_measured_steps_to_the_progress(tiny_run):
 
 def test_every_gate_passes_and_the_decision_names_a_card(tiny_run):
     _, out, result, _ = tiny_run
-    assert result.ready
+    # a loaded machine can leave the pilot's step time inconclusive (tests/test_gates.py): the
+    # decision then says what to re-run, and still what was measured
+    unsure = {g.stage for g in result.gates if g.status == "inconclusive"}
+    assert unsure <= {"pilot"} and result.ready == (not unsure)
     assert [g.stage for g in result.gates] == ["plan", "pilot", "restore", "scale", "quote"]
-    assert {g.status for g in result.gates if g.stage != "scale"} == {"passed"}
+    assert {g.status for g in result.gates if g.stage not in {"scale", *unsure}} == {"passed"}
     assert next(g for g in result.gates if g.stage == "scale").status == "skipped"
-    assert result.decision.startswith("Book ") and "per million useful tokens" in result.decision
+    assert result.decision.startswith("Inconclusive: " if unsure else "Book ")
+    assert "Book " in result.decision and "per million useful tokens" in result.decision
     for name in ("plan", "pilot", "restore", "quote", "decision", "manifest"):
         assert (out / f"{name}.json").exists(), name
 
@@ -174,10 +178,13 @@ def test_demo_runs_end_to_end_without_the_network(tmp_path):
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     payload = json.loads(proc.stdout)
-    assert payload["ready"], payload["decision"]
-    assert {g["stage"]: g["status"] for g in payload["gates"]} == {
-        "data": "passed", "plan": "passed", "pilot": "passed", "restore": "passed", "scale": "passed",
-        "quote": "passed"}
+    gates = {g["stage"]: g["status"] for g in payload["gates"]}
+    # a loaded machine can leave the pilot's step time and the 2-rank efficiency inconclusive
+    # (tests/test_gates.py): then the decision says so instead of being ready
+    unsure = {k for k, v in gates.items() if v == "inconclusive"}
+    assert unsure <= {"pilot", "scale"} and payload["ready"] == (not unsure), payload["decision"]
+    assert gates == {**dict.fromkeys(("data", "plan", "pilot", "restore", "scale", "quote"),
+                                     "passed"), **dict.fromkeys(unsure, "inconclusive")}
     assert Path(payload["report_html"]).exists()
 
 

@@ -98,6 +98,22 @@ def _failed(stage: str, summary: str) -> Gate:
     return Gate(stage=stage, status="failed", summary=summary)
 
 
+def _inconclusive(stage: str, summary: str) -> Gate:
+    """The stage ran, but its measurement cannot tell the answer apart: the pipeline goes on,
+    and the decision is not ready until a re-run (the summary says which) settles it."""
+    return Gate(stage=stage, status="inconclusive", summary=summary)
+
+
+# A mean step time known only to +-25% (95% CI) or worse cannot tell the job's time, so the
+# term and its cost, apart from one a quarter longer or shorter: the pilot gate is inconclusive.
+# (+-10% to +-25% passes with the pilot's own warning, pilot/assemble.py WIDE_CI.)
+INCONCLUSIVE_CI = 0.25
+# The data gate names the share of samples truncation cuts once it is above a few percent.
+TRUNCATED_SHARE = 0.03
+RERUN = ("re-run on a quiet machine, or measure more steps (tunepilot run SPEC --force "
+         "--pilot-max-steps 120 --scale-steps 20)")
+
+
 # --- 0. data (a dataset only) ------------------------------------------------------------------
 
 
@@ -117,9 +133,23 @@ def _run_data(c: Ctx) -> DataProfile:
 
 def _gate_data(c: Ctx, p: DataProfile) -> Gate:
     b = p.used
+    cut = truncation_note(p)
+    if cut:
+        c.warnings.append(f"data: {cut}")
     return _passed("data", f"{p.samples:,} samples, {p.tokens_supervised.value:,} trained "
                            f"tokens (measured); {b.padding_fraction.value:.1%} padding "
-                           f"{'packed' if p.packing else 'padded'}")
+                           f"{'packed' if p.packing else 'padded'}" + (f"; {cut}" if cut else ""))
+
+
+def truncation_note(p: DataProfile) -> str | None:
+    """'37% of the samples (149 of 400) are cut at sequence_length 256 ...' above a few
+    percent, else None."""
+    share = p.truncated_samples / p.samples if p.samples else 0.0
+    if share <= TRUNCATED_SHARE:
+        return None
+    return (f"{share:.0%} of the samples ({p.truncated_samples:,} of {p.samples:,}) are cut at "
+            f"sequence_length {p.sequence_length:,}, and their ends are never trained: raise "
+            "sequence_length or filter the long samples if they matter")
 
 
 # --- 1. plan -----------------------------------------------------------------------------------
@@ -175,6 +205,14 @@ def _gate_pilot(c: Ctx, pilot: PilotResult) -> Gate:
     tps = pilot.throughput.useful_tokens_per_s.value
     rate = "throughput not measured" if tps is None else \
         f"{fmt_rate(tps, 'useful tokens/s')} (measured)"
+    ci = pilot.steps.ci95_relative.value
+    if ci is not None and ci > INCONCLUSIVE_CI:
+        cv = pilot.step_time.cv.value
+        spread = f", step times vary {cv:.0%} (CV)" if cv is not None else ""
+        return _inconclusive("pilot", f"fits on the local {pilot.device.kind.upper()} "
+                             f"({pilot.device.name}), but the mean step time is known only to "
+                             f"+-{ci:.0%} (95% CI{spread}): too wide to tell the job's time "
+                             f"apart; {RERUN}")
     conf = pilot.steps.confidence
     if conf and not conf.startswith("converged"):
         c.warnings.append(f"pilot: {conf}")
@@ -243,6 +281,9 @@ def _gate_scale(c: Ctx, scale: ScalingResult) -> Gate:
     rec = scale.recommendation
     effs = ", ".join(f"{k} {v.efficiency:.0%}" if v.efficiency is not None else f"{k} {v.status}"
                      for k, v in scale.strategies.items())
+    if rec.inconclusive:
+        return _inconclusive("scale", f"{scale.world_size} ranks: efficiency {effs} (measured); "
+                             f"{rec.reason}")
     use = f"use {rec.strategy}" if rec.strategy else f"no strategy recommended: {rec.reason}"
     return _passed("scale", f"{scale.world_size} ranks: efficiency {effs} (measured); {use}")
 
@@ -348,8 +389,17 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
         if gate.status == "failed":
             _stop(c, decision, stage.name, gate.summary)
     q: Quote = c.results["quote"]
-    decision.quote, decision.ready, decision.warnings = q, True, c.warnings
+    unsure = [g.stage for g in decision.gates if g.status == "inconclusive"]
+    decision.quote, decision.ready, decision.warnings = q, not unsure, c.warnings
     decision.decision = decision_text(q)
+    if unsure:
+        decision.decision = (f"Inconclusive: the {' and '.join(unsure)} measurement"
+                             f"{'s' if len(unsure) > 1 else ''} cannot tell the answer apart on "
+                             f"this machine; {RERUN}. As measured: {decision.decision}")
+    data = c.results.get("data")
+    cut = truncation_note(data) if isinstance(data, DataProfile) else None
+    if cut:
+        decision.decision += f" Data: {cut}."
     c.run.write(decision)
     return decision
 

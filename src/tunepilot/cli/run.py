@@ -42,13 +42,22 @@ def run(
         "--memory-limit", help="Simulate a device with this much tensor memory (e.g. 2GiB).")
     ] = None,
     no_trace: Annotated[bool, typer.Option("--no-trace", help="Analytic plan only.")] = False,
+    pilot_max_steps: Annotated[int, typer.Option(
+        "--pilot-max-steps", help="Most measured pilot steps (it stops earlier once the mean "
+        "step time is known to +-2%).", min=2, max=100_000)] = 30,
+    scale_steps: Annotated[int, typer.Option(
+        "--scale-steps", help="Measured optimizer steps per scaling run.", min=2, max=100_000)
+    ] = 4,
     no_memory_check: NoMemoryCheckOpt = False,
     catalog: CatalogOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The staged pilot: plan, pilot, restore proof, scaling, quote - each a gate for the next -
-    then the decision and the HTML report. A failed gate stops with its reason (exit 1).
-    Re-running the same spec reuses completed stages unless --force.
+    then the decision and the HTML report. A failed gate stops with its reason (exit 1). A gate
+    whose measurement cannot tell the answer apart (a step time known only to +-25%, a scaling
+    efficiency above 100%) is inconclusive: the stages go on, and the decision says what to
+    re-run instead of what to book (ready: false; exit 0). Re-running the same spec reuses
+    completed stages unless --force.
 
     Example: tunepilot run examples/tiny.yaml --nproc 2 --out runs/tiny
     """
@@ -70,6 +79,7 @@ def run(
     opts = RunOptions(card=card, count=count, term_s=term_s, nproc=nproc, force=force,
                       memory_limit_bytes=parse_bytes(memory_limit) if memory_limit else None,
                       trace=not no_trace, base_dir=spec.parent, catalog=cat,
+                      pilot_max_steps=pilot_max_steps, scale_steps=scale_steps,
                       check_memory=not no_memory_check)
     _run_and_report(run_spec, out_dir(out, run_spec), opts, as_json)
 

@@ -168,6 +168,9 @@ class PreflightResult(Model):
 class Recommendation(Model):
     strategy: str | None
     reason: str
+    inconclusive: bool = False
+    """the measurement cannot tell the strategies apart (efficiency above 1 on CPU ranks is
+    noise): nothing is recommended, and the reason says what to re-run"""
 
 
 class ScalingResult(StageResult):

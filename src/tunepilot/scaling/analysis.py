@@ -145,9 +145,10 @@ def compare(run: LaunchSummary, base: LaunchSummary, batches: BatchPlan, precisi
     return d
 
 
-def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: int
-              ) -> Recommendation:
-    """Which strategy to use on this hardware, and why (throughput vs memory per rank)."""
+def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: int,
+              device: str = "cuda") -> Recommendation:
+    """Which strategy to use on this hardware, and why (throughput vs memory per rank); none,
+    inconclusive, when the measured efficiency is noise."""
     if world == 1:
         return Recommendation(strategy="single", reason="one rank: only the baseline ran, there "
                               "is nothing to compare it with; run with --nproc 2 or more")
@@ -167,6 +168,9 @@ def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: in
             f"not more than one device's {base.useful_tokens_per_s:,.0f} (efficiency "
             f"{b.efficiency:.2f}): on this hardware scaling out loses; rent one device, or fix "
             "what the preflight warns about first"))
+    noise = _noise(good, device)
+    if noise:
+        return Recommendation(strategy=None, inconclusive=True, reason=noise)
     reason = [f"{best}: {b.useful_tokens_per_s:,.0f} useful tokens/s on {world} ranks, "
               f"efficiency {b.efficiency:.2f}"]
     other = next((s for s in good if s != best), None)
@@ -193,6 +197,23 @@ def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: in
         reason.append(f"but at efficiency {b.efficiency:.2f} each added device gives less "
                       "than half a device: price the N-card term against one card's")
     return Recommendation(strategy=best, reason="; ".join(reason))
+
+
+def _noise(good: dict[str, StrategyResult], device: str) -> str | None:
+    """Why the efficiencies are noise, or None: N ranks cannot do more than N times one rank's
+    work, so an efficiency above 1 means the baseline ran slow (a busy machine, a cold cache)
+    or the steps were too few - on CPU ranks, which share the host's cores, any excess; on
+    accelerators, beyond SAME_SPEED_FRACTION."""
+    limit = 1.0 if device == "cpu" else 1 + SAME_SPEED_FRACTION
+    over = {s: r.efficiency for s, r in good.items() if r.efficiency and r.efficiency > limit}
+    if not over:
+        return None
+    shown = ", ".join(f"{s} {e:.0%}" for s, e in over.items())
+    where = "on CPU ranks, which share this host's cores" if device == "cpu" else "here"
+    return (f"inconclusive: efficiency {shown} is above 100% {where}, which N ranks cannot "
+            "reach: the one-rank baseline ran slow or the steps were too few, so the "
+            "strategies' throughputs are noise and none is recommended; re-run on a quiet "
+            "machine with more --steps")
 
 
 def notes(pre) -> list[str]:

@@ -120,7 +120,7 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
         label=spec.label, nproc=nproc, nnodes=rdzv.nnodes, world_size=world,
         device=pre.node.kind, steps=steps, warmup_steps=warmup_steps, global_batch=batches,
         preflight=pre.result(), baseline=baseline, strategies=results,
-        recommendation=recommend(results, baseline, world), warnings=pre.warnings,
+        recommendation=recommend(results, baseline, world, pre.node.kind), warnings=pre.warnings,
         notes=[n for n in (batches.note, stand_in_note(spec, "scale")) if n] + notes(pre),
         run_dir=str(run_dir.path),
         spec_hash=spec.spec_hash())

@@ -11,14 +11,15 @@ from tunepilot.views.common import console, table
 def render_decision(result: Decision, report_path=None) -> None:
     t = table(f"Staged pilot: {escape(result.spec_label)} ({escape(result.run_dir)})",
               ["stage", "verdict", "summary"])
-    style = {"passed": "green", "failed": "red", "skipped": "dim"}
+    style = {"passed": "green", "failed": "red", "skipped": "dim", "inconclusive": "yellow"}
     for g in result.gates:
         verdict = f"[{style.get(g.status, '')}]{g.status}[/]" + (" (reused)" if g.reused else "")
         t.add_row(g.stage, verdict, escape(g.summary))
     console.print(t)
     for w in result.warnings:
         console.print(f"[yellow]warning[/yellow]: {escape(w)}")
-    console.print(("[bold green]" if result.ready else "[bold red]") + escape(result.decision)
-                  + "[/]")
+    colour = "green" if result.ready else \
+        "yellow" if result.decision.startswith("Inconclusive") else "red"
+    console.print(f"[bold {colour}]" + escape(result.decision) + "[/]")
     if report_path:
         console.print(f"report: {report_path}")
