@@ -367,8 +367,7 @@ class _UserCatalogFile(_Model):
 
 def load_catalog(path: Path | None = None) -> Catalog:
     """The shipped catalog, with the user catalog at ``path`` (if given) merged over it."""
-    shipped = _validate(Catalog, _read_yaml(DEFAULT_CATALOG_PATH), DEFAULT_CATALOG_PATH)
-    shipped._paths = (DEFAULT_CATALOG_PATH,)
+    shipped = _shipped(DEFAULT_CATALOG_PATH)
     if path is None:
         return shipped
     path = Path(path)
@@ -480,6 +479,28 @@ def warn_if_stale(catalog: Catalog, today: date | None = None, stream=None) -> s
 def _short(value: object, limit: int = 60) -> str:
     text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_SHIPPED: dict[tuple[str, int, int], Catalog] = {}
+
+
+def _shipped(path: Path) -> Catalog:
+    """The shipped catalog, read and validated once per process while its file is unchanged:
+    the time model's fit asks for it once per published run (156 times a quote, 4 ms each).
+    Its models are frozen, so one copy serves every caller."""
+    try:
+        st = path.stat()
+    except OSError:
+        st = None
+    key = (str(path), st.st_mtime_ns, st.st_size) if st is not None else None
+    if key is not None and key in _SHIPPED:
+        return _SHIPPED[key]
+    catalog = _validate(Catalog, _read_yaml(path), path)
+    catalog._paths = (path,)
+    _SHIPPED.clear()
+    if key is not None:
+        _SHIPPED[key] = catalog
+    return catalog
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

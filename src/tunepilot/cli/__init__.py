@@ -19,6 +19,7 @@ import sys
 
 import typer
 
+from tunepilot.cli.usage import Commands, only_invoked, usage_error
 from tunepilot.errors import TunepilotError, UserError
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=Commands,
 )
 
 
@@ -60,6 +62,9 @@ def main(*, hard_exit: bool = False) -> None:
     errors (unknown option, missing argument) are click's: exit 2 with the usage line."""
     from tunepilot.proc.child import Terminated, raise_on_terminate
 
+    # tunepilot's models are its own: no pydantic plugin observes them, and looking for one
+    # (every installed package's entry points) costs 20-30 ms of start-up
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     # tunepilot never downloads: models come from shipped configs, data and tokenizers from disk
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -67,7 +72,7 @@ def main(*, hard_exit: bool = False) -> None:
     raise_on_terminate()
     code = 0
     try:
-        rv = app(standalone_mode=False)
+        rv = only_invoked(app, sys.argv[1:])(standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except UserError as exc:
         code = _fail(exc, exc.exit_code)
@@ -100,7 +105,13 @@ def _os_error(exc: OSError) -> UserError:
 
 
 def _click_error(exc: Exception) -> int:
-    """click's (or typer's vendored click's) usage errors: the usage line and exit 2."""
+    """click's (or typer's vendored click's) usage errors: tunepilot's one paragraph and exit 2
+    (no arguments at all: the help)."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        exc.show()
+        return exc.exit_code
+    if hasattr(exc, "ctx") and isinstance(getattr(exc, "exit_code", None), int):
+        return _fail(usage_error(exc), exc.exit_code)
     if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
         exc.show()
         return exc.exit_code

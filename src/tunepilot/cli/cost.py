@@ -62,7 +62,7 @@ def quote(
 
     Example: tunepilot quote examples/llama3-8b-lora.yaml --card h200 --count 1 --days 2
     """
-    from tunepilot import cost, ledger
+    from tunepilot import cost
     from tunepilot.catalog import load_catalog, warn_if_stale
     from tunepilot.cost.terms import parse_duration
 
@@ -75,6 +75,8 @@ def quote(
                         spot=_spot_ask(spot_rate, checkpoint_minutes))
     body = result.to_dict()
     if save:
+        from tunepilot import ledger
+
         body["quote_id"] = ledger.save_quote(db, result)
     if as_json:
         emit_json(body)
@@ -106,12 +108,11 @@ def compare(spec: SpecArg, from_dir: FromOpt = None, catalog: CatalogOpt = None,
     """
     from tunepilot import cost
     from tunepilot.catalog import load_catalog, warn_if_stale
-    from tunepilot.cli.common import show
-    from tunepilot.views.cost import render_compare
+    from tunepilot.cli.common import show, view
 
     cat = load_catalog(catalog)
     warn_if_stale(cat)
     result = cost.compare(load_run_spec(spec), run_dir=from_dir, catalog=cat,
                           base_dir=spec.parent, spot=_spot_ask(spot_rate, None),
                           precisions=precision)
-    show(result, as_json, render_compare)
+    show(result, as_json, view("cost.render_compare"))

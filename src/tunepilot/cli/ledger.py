@@ -16,6 +16,7 @@ from tunepilot.cli.common import (
     OptionOpt,
     show,
     show_committed,
+    view,
 )
 
 BookingArg = Annotated[int, typer.Argument(help="The booking id (see `tunepilot bookings`).")]
@@ -43,11 +44,10 @@ def book(
     """
     from tunepilot import ledger
     from tunepilot.catalog import load_catalog
-    from tunepilot.views.ledger import render_booking
 
     result = ledger.book(load_catalog(catalog), db=db, card_id=card, count=count, start=start,
                          hours=hours, days=days, quote_id=quote_id, options=option)
-    show_committed(result, as_json, render_booking, f"booked: booking {result.id}")
+    show_committed(result, as_json, view("ledger.render_booking"), f"booked: booking {result.id}")
 
 
 @app.command()
@@ -65,10 +65,9 @@ def bookings(
     """
     from tunepilot import ledger
     from tunepilot.catalog import load_catalog
-    from tunepilot.views.ledger import render_bookings
 
     card_id = load_catalog(catalog).get(card).id if card else None
-    show(ledger.bookings(db, card_id, include_all), as_json, render_bookings)
+    show(ledger.bookings(db, card_id, include_all), as_json, view("ledger.render_bookings"))
 
 
 @app.command()
@@ -79,9 +78,8 @@ def cancel(booking_id: BookingArg, db: DbOpt = None, as_json: JsonOpt = False) -
     Example: tunepilot cancel 3
     """
     from tunepilot import ledger
-    from tunepilot.views.ledger import render_cancellation
 
-    show_committed(ledger.cancel(db, booking_id), as_json, render_cancellation,
+    show_committed(ledger.cancel(db, booking_id), as_json, view("ledger.render_cancellation"),
                    f"cancelled: booking {booking_id}")
 
 
@@ -92,9 +90,8 @@ def invoice(booking_id: BookingArg, db: DbOpt = None, as_json: JsonOpt = False) 
     Example: tunepilot invoice 3 --json
     """
     from tunepilot import ledger
-    from tunepilot.views.ledger import render_invoice
 
-    show(ledger.invoice(db, booking_id), as_json, render_invoice)
+    show(ledger.invoice(db, booking_id), as_json, view("ledger.render_invoice"))
 
 
 @app.command()
@@ -109,9 +106,9 @@ def usage(
     Example: tunepilot usage 3 --hours-used 61.5
     """
     from tunepilot import ledger
-    from tunepilot.views.ledger import render_usage
 
-    show_committed(ledger.usage(db, booking_id, hours_used), as_json, render_usage,
+    show_committed(ledger.usage(db, booking_id, hours_used), as_json,
+                   view("ledger.render_usage"),
                    f"usage recorded: booking {booking_id}")
 
 
@@ -122,6 +119,5 @@ def ledger_summary(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     Example: tunepilot ledger --db ./team-ledger.sqlite3
     """
     from tunepilot import ledger
-    from tunepilot.views.ledger import render_spend
 
-    show(ledger.spend(db), as_json, render_spend)
+    show(ledger.spend(db), as_json, view("ledger.render_spend"))

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tunepilot.cli import app
-from tunepilot.cli.common import CatalogOpt, JsonOpt, SpecArg, load_run_spec, show
+from tunepilot.cli.common import CatalogOpt, JsonOpt, SpecArg, load_run_spec, show, view
 from tunepilot.errors import UserError
 
 
@@ -59,9 +59,7 @@ def plan(
     else:
         result = make_plan(run_spec, catalog=cat, card_ids=card, headroom=headroom,
                            base_dir=spec.parent)
-    from tunepilot.views.plan import render_plan
-
-    show(result, as_json, lambda r: render_plan(r, run_spec, headroom))
+    show(result, as_json, view("plan.render_plan", run_spec, headroom))
 
 
 @app.command()

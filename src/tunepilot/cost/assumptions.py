@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from functools import cache
 
-import yaml
-
-from tunepilot.resources import COST_MODEL_YAML
+from tunepilot.resources import COST_MODEL_YAML, read_yaml
 
 
 @cache
 def cost_model() -> dict:
     """The assumptions of ``resources/cost_model.yaml`` (each with source and as_of)."""
-    return yaml.safe_load(COST_MODEL_YAML.read_text(encoding="utf-8"))
+    return read_yaml(COST_MODEL_YAML)
 
 
 def assumed(key: str) -> float:

@@ -15,7 +15,6 @@ import math
 from functools import cache
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from tunepilot.spec import Implementation, Precision
@@ -94,10 +93,9 @@ class RunsFile(_Read):
 
 @cache
 def published_runs() -> RunsFile:
-    from tunepilot.resources import THROUGHPUT_RUNS_YAML
+    from tunepilot.resources import THROUGHPUT_RUNS_YAML, read_yaml
 
-    return RunsFile.model_validate(
-        yaml.safe_load(THROUGHPUT_RUNS_YAML.read_text(encoding="utf-8")))
+    return RunsFile.model_validate(read_yaml(THROUGHPUT_RUNS_YAML))
 
 
 HELD_OUT_RESIDUE = 0

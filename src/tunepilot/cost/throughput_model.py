@@ -7,7 +7,6 @@ from __future__ import annotations
 from functools import cache
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 Kind = Literal["published", "derived", "assumed"]
@@ -63,10 +62,9 @@ class ThroughputModel(_Read):
 
 @cache
 def throughput_model() -> ThroughputModel:
-    from tunepilot.resources import THROUGHPUT_MODEL_YAML
+    from tunepilot.resources import THROUGHPUT_MODEL_YAML, read_yaml
 
-    return ThroughputModel.model_validate(
-        yaml.safe_load(THROUGHPUT_MODEL_YAML.read_text(encoding="utf-8")))
+    return ThroughputModel.model_validate(read_yaml(THROUGHPUT_MODEL_YAML))
 
 
 def card_family(card_id: str) -> str:

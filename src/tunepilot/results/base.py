@@ -27,7 +27,7 @@ class StaleResult(UserError):
 class Model(BaseModel):
     """A block of a result: unknown keys are an error, so a misspelt field never passes."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: start-up
 
 
 class StageResult(Model):
