@@ -152,7 +152,7 @@ def test_watch_measures_a_child_of_known_size_and_length(tmp_path):
     assert proc.returncode == 1  # the command's own failure is reported
     d = json.loads(proc.stdout)
     w = d["watched"]
-    assert w["exit_code"] == 3 and 1.0 <= w["wall_s"]["value"] < 10
+    assert w["exit_code"] == 3 and w["wall_s"]["value"] >= 1.0  # it slept 1 s
     assert d["memory"]["process"]["peak_rss_bytes"]["value"] >= 200 << 20
     assert d["source"] == "watch" and d["step_time"]["mean_s"]["basis"] == "not measured"
     assert _cli("report", tmp_path / "w").returncode == 0

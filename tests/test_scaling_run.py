@@ -14,7 +14,7 @@ import pytest
 
 from tunepilot.proc.child import HOOK_ENV
 from tunepilot.scaling import bench
-from tunepilot.scaling.launch import TEARDOWN_GRACE_S, LaunchError, launch
+from tunepilot.scaling.launch import LaunchError, launch
 from tunepilot.scaling.runner import scale
 from tunepilot.spec import load_spec
 
@@ -154,16 +154,14 @@ def test_a_crashing_rank_tears_the_group_down_and_is_named(tmp_path):
 
 
 def test_a_hanging_rank_is_torn_down_at_the_timeout(tmp_path):
+    """(How soon after the timeout the group is down is benchmarks/timing_targets.py's.)"""
     timeout_s = 15
-    t0 = time.monotonic()
     with pytest.raises(LaunchError) as e:
         launch("scale ddp", WORKER, _worker_args(tmp_path), nproc=2, log_dir=tmp_path / "logs",
                timeout_s=timeout_s, env={HOOK_ENV: "support.faults:hang_rank_1", "OMP_NUM_THREADS": "1"})
-    elapsed = time.monotonic() - t0
     err = e.value
     assert err.timed_out and err.rank == 1
     assert "timed out after 15 s" in str(err) and "hanging on purpose" in str(err)
-    assert timeout_s <= elapsed < timeout_s + 3 * TEARDOWN_GRACE_S
     assert _leftovers(str(tmp_path)) == []
 
 

@@ -157,16 +157,13 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("name,text,needle", HOSTILE, ids=[h[0] for h in HOSTILE])
-def test_hostile_yaml_is_refused_quickly_with_a_bounded_message(tmp_path, capsys, name, text,
-                                                                 needle):
-    import time
-
+def test_hostile_yaml_is_refused_with_a_bounded_message(tmp_path, capsys, name, text, needle):
+    """(That it is refused within 5 s is benchmarks/timing_targets.py's.)"""
     p = tmp_path / "hostile.yaml"
     p.write_bytes(text if isinstance(text, bytes) else text.encode())
-    t = time.perf_counter()
     code, out, err = run_cli(["plan", str(p)], capsys)
     assert code == 2 and needle in err and "Traceback" not in err
-    assert len(err) < 2000 and time.perf_counter() - t < 5
+    assert len(err) < 2000
 
 
 STRICT = [
