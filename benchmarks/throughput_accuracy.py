@@ -40,6 +40,7 @@ def project(run) -> dict:
     p = estimate_setting(setting_of_run(run))
     peak = card.peak_flops(spec.precision.peak_key)
     projected = positions_per_s_at(arch, spec, p.mfu, run.sequence_length, peak)
+    projected, offload = _with_offload(run, spec, arch, card, projected)
     published = run.tokens_per_s_per_gpu
     return {"id": run.id, "held_out": held_out(run), "publication": run.publication,
             "implementation": run.implementation,
@@ -47,7 +48,21 @@ def project(run) -> dict:
             "card": card.id, "count": run.count, "published": published,
             "projected": projected, "error": projected / published - 1, "mfu": p.mfu,
             "cell": p.route.cell.label, "conversions": [s.how for s in p.route.steps],
-            "kind": p.kind, "source": run.source}
+            "kind": p.kind, "offload": offload, "source": run.source}
+
+
+def _with_offload(run, spec, arch, card, projected: float) -> tuple[float, str | None]:
+    """A run with CPU offload steps its optimizer on the host (cost/comms.py offload_s, the
+    quote's term): its seconds added to each rank's step."""
+    from tunepilot.cost.comms import offload_s
+    from tunepilot.model.arch import param_counts
+
+    if not run.cpu_offload:
+        return projected, None
+    trainable = param_counts(arch).total if run.method == "full" else 0
+    extra, how = offload_s(spec, trainable, run.count, card)
+    per_rank_step = run.global_batch_size * run.sequence_length / run.count
+    return per_rank_step / (per_rank_step / projected + extra), how
 
 
 def medians(rows: list[dict]) -> dict:

@@ -147,6 +147,29 @@ class ScaleUp(_Model):
     link: str
     bandwidth_gbps: float | None = Field(default=None, gt=0)  # GB/s per GPU, all links together
     notes: str | None = None
+    busbw_gbps: float | None = Field(default=None, gt=0)
+    """measured NCCL/RCCL all-reduce bus bandwidth of a full node, GB/s: what a collective
+    inside the node achieves (the time model's tensor/context-parallel and intra-node terms)"""
+    busbw_source: str | None = None
+
+
+class Fabric(_Model):
+    """The network between the nodes of an offer (its instance type): what a collective that
+    leaves the node runs over."""
+
+    kind: Literal["infiniband", "efa", "roce", "tcp"]
+    gbps_per_node: float = Field(gt=0, le=1e6)
+    """line rate of the node's GPU-facing NICs together, Gb/s (10^9 bit/s)"""
+    achieved_fraction: float = Field(gt=0, le=1)
+    """the share of the line rate a large NCCL collective reaches per GPU (measured where said)"""
+    latency_us: float = Field(gt=0, le=1e5)
+    """a small collective across nodes, microseconds"""
+    source: str = Field(min_length=1)
+    as_of: AsOf
+
+    def bytes_per_s_per_gpu(self, gpus_per_node: int) -> float:
+        """Achieved bytes/s of one GPU's share of the node's NICs."""
+        return self.gbps_per_node / 8 * 1e9 / max(gpus_per_node, 1) * self.achieved_fraction
 
 
 class Term(_Model):
@@ -220,6 +243,9 @@ class Pricing(_Model):
     instance_accelerators: int | None = Field(default=None, ge=1)
     host: HostOffer | None = None
     """the instance's host RAM, vCPUs and local disk (None: not listed)"""
+    fabric: Fabric | None = None
+    """the network between its nodes (None: not listed; the time model then assumes the
+    published multi-node runs' 400 Gb/s per GPU and says so)"""
     spot_interruptions_per_hour: Annotated[float, BeforeValidator(check_rate)] | None = None
     """interruptions per instance-hour of the spot offer, with ``spot_interruption_source``"""
     spot_interruption_source: str | None = None
@@ -413,7 +439,8 @@ def _overlay(shipped: Catalog, user: _UserCatalogFile, path: Path) -> Catalog:
 # What describes one offer (the instance and its spot market): a user's pricing with its own
 # ``source`` is another offer, so these never carry over from the shipped one.
 _OFFER_KEYS = ("host", "spot_usd_per_hour", "spot_source", "spot_interruptions_per_hour",
-               "spot_interruption_source", "instance_type", "region", "instance_accelerators")
+               "spot_interruption_source", "instance_type", "region", "instance_accelerators",
+               "fabric")
 
 
 def _own_offer(merged: dict, entry: dict) -> None:

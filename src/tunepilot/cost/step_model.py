@@ -63,6 +63,14 @@ class WeightSync(_Read):
     sleep_wake: str
 
 
+class Collectives(_Read):
+    reference_gbps_per_gpu: float = Field(gt=0)
+    reference_achieved_fraction: float = Field(gt=0, le=1)
+    reference_latency_us: float = Field(gt=0)
+    reference_source: str
+    overlap_source: str
+
+
 class StepModel(_Read):
     schema_version: int
     as_of: str
@@ -70,6 +78,7 @@ class StepModel(_Read):
     host_link: HostLink
     decode: Decode
     weight_sync: WeightSync
+    collectives: Collectives
 
     def fitted_runs(self) -> dict[str, list[str]]:
         """Each fitted constant -> the published RL runs it was fitted on."""

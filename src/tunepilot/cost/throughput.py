@@ -182,7 +182,18 @@ def _numel(shape: tuple[int, ...]) -> int:
 def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Figure, Figure]:
     """(efficiency, total useful tokens/s) of ``count`` cards."""
     if count == 1:
-        return Figure(value=1.0, unit="fraction", basis=one.basis, how="one card: no scaling"), one
+        from tunepilot.cost.comms import step_terms
+
+        tokens = ctx.spec.batch.positions_per_step_on(1) * _useful_of(ctx)
+        extra, said = step_terms(ctx.spec, ctx.arch, card, 1, "single", tokens / one.value,
+                                 ctx.params) if one.basis != MEASURED else (0.0, "")
+        if not extra:
+            return Figure(value=1.0, unit="fraction", basis=one.basis,
+                          how="one card: no scaling"), one
+        f = (tokens / one.value) / (tokens / one.value + extra)
+        return (Figure.projected(f, "fraction", f"one card: {said}"),
+                Figure.projected(one.value * f, "tokens/s", f"{one.value:,.0f} tokens/s x {f:.3g}"
+                                 f" ({said})"))
     run = ctx.run
     entry = run.strategy(strategy) if run else None
     same_card = run is not None and run.card_id == card.id
@@ -200,10 +211,32 @@ def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Fig
         value, how = efficiency_parts(strategy, count, None,
                                       ctx.spec.batch.positions_per_step_on(count) / count,
                                       card.peak_flops("bf16") / 1e12)
+        value, how = _with_step_terms(ctx, card, count, strategy, one, value, how)
         e = Figure.projected(value, "fraction", f"{count} cards: {how}")
     return e, Figure.projected(count * e.value * one.value, "tokens/s",
                                f"{count} x efficiency {e.value:.3g} x {one.value:,.0f} tokens/s "
                                "per card")
+
+
+def _with_step_terms(ctx, card: Card, count: int, strategy: str, one: Figure, eff: float,
+                     how: str) -> tuple[float, str]:
+    """The efficiency with the step's communication terms the node-scaling columns do not hold
+    (cost/comms.py): the offer's fabric against the published runs', tensor and context
+    parallel, CPU offload's optimizer step - each as seconds added to a rank's step."""
+    from tunepilot.cost.comms import step_terms
+
+    per_rank_step = ctx.spec.batch.positions_per_step_on(count) / count * _useful_of(ctx)
+    step_s = per_rank_step / (eff * one.value)
+    extra, said = step_terms(ctx.spec, ctx.arch, card, count, strategy, step_s * eff,
+                             ctx.params)
+    if not extra:
+        return eff, how
+    return eff * step_s / (step_s + extra), how + "; " + said
+
+
+def _useful_of(ctx) -> float:
+    """The useful fraction the per-card figure carries (its tokens/s count useful tokens)."""
+    return useful_fraction(ctx).value
 
 
 def all_measured(*figures: Figure | None) -> str:
