@@ -1,5 +1,6 @@
 """The repository names no path of the machine it was written on: a source, a comment or a doc
-that cites /work/..., /root/..., /home/... or /Users/... points at a file nobody else has."""
+that cites a file under the work, root, home or Users directories of one machine points at a file
+nobody else has."""
 
 from __future__ import annotations
 
