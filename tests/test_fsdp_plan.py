@@ -87,9 +87,8 @@ def test_a_trace_leaves_no_process_group_behind():
 def test_fsdp1_init_is_replayed_unit_by_unit_before_the_step():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from tunepilot.plan.trace import step as ts
-
     from tunepilot.model.arch import resolve_model_config
+    from tunepilot.plan.trace import step as ts
     from tunepilot.plan.trace.fsdp import fsdp1_init_events, release_fake_process_group
     from tunepilot.plan.trace.standins import unpacked_sequences
 
