@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tunepilot.model.arch import Arch, ParamCounts, linear_modules, lora_targets, param_counts
+from tunepilot.model.arch import Arch, ParamCounts, lora_targets, param_counts, parameter_shapes
 from tunepilot.spec.precision import DTYPE_BYTES
 
 # bitsandbytes 8-bit optimizers: two uint8 states + one fp32 absmax per 256-element block each
@@ -138,7 +138,8 @@ def decode_seconds_per_position(arch: Arch, spec, hbm_bytes_per_s: float) -> flo
     kv_per_token = 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * cb
     server = o.generation.backend == "vllm-server"
     batch = g * spec.parallel.world_size if server else g  # a server decodes every rank's
-    per_step = cb * param_counts(arch).total + batch * kv_per_token * (ln.prompt
+    counts = param_counts(arch)  # a vision tower is not read by a text decode
+    per_step = cb * (counts.total - counts.vision) + batch * kv_per_token * (ln.prompt
                                                                       + ln.completion / 2)
     seconds = ln.completion * per_step / hbm_bytes_per_s
     if server:
@@ -147,15 +148,16 @@ def decode_seconds_per_position(arch: Arch, spec, hbm_bytes_per_s: float) -> flo
 
 
 def active_lora_params(arch: Arch, spec) -> int:
-    """LoRA parameters a token passes through: every adapter, but of a MoE layer's experts only
-    the top-k a token is routed to."""
+    """LoRA parameters a token passes through: every adapter of the layers holding it, but of a
+    MoE layer's routed experts only the top-k a token is routed to (a vision tower's adapters
+    never run on text)."""
     rank = spec.method.lora_rank or 0
     total = 0.0
     for lin, factor in lora_targets(arch, spec.method.lora_targets).items():
         per = factor * rank * (lin.in_features + lin.out_features) * lin.count_per_layer
-        if lin.count_per_layer > 1 and arch.num_experts > 1:
+        if lin.routed:
             per = per * arch.experts_per_token / arch.num_experts
-        total += per * (1 if lin.group == "head" else arch.num_layers)
+        total += per * lin.layers
     return int(total)
 
 
@@ -167,18 +169,16 @@ def trainable_shapes(arch: Arch, spec) -> list[tuple[int, ...]]:
     if spec.method.is_lora:
         r = spec.method.lora_rank or 0
         shapes: list[tuple[int, ...]] = []
-        for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
-            layers = 1 if lin.group == "head" else arch.num_layers
-            for _ in range(lin.count_per_layer * layers):
+        targets = lora_targets(arch, spec.method.lora_targets, vision=True)
+        for lin, mult in targets.items():
+            if lin.peft_kind == "parameter":  # PEFT's ParamWrapper: one A and B for all experts
+                rr = r * mult * lin.count_per_layer
+                shapes += [(rr, lin.in_features), (lin.out_features, rr)] * lin.layers
+                continue
+            for _ in range(lin.count_per_layer * lin.layers):
                 shapes += [(r * mult, lin.in_features), (lin.out_features, r * mult)]
         return shapes
-    shapes = [(arch.vocab_size, arch.hidden_size)]
-    if not arch.tied_embeddings:
-        shapes.append((arch.vocab_size, arch.hidden_size))
-    for lin in linear_modules(arch):
-        shapes += [(lin.out_features, lin.in_features)] * (lin.count_per_layer * arch.num_layers)
-    shapes += [(arch.hidden_size,)] * (arch.norms_per_layer * arch.num_layers + 1)
-    return shapes
+    return parameter_shapes(arch)
 
 
 def default_optimizer_impl(spec, stack: str) -> str:

@@ -59,8 +59,7 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     """
     h = arch.hidden_size
     hq = arch.num_heads * arch.head_dim
-    i = arch.intermediate_size
-    k = arch.experts_per_token if arch.num_experts > 1 else 1
+    ik = arch.mlp_width_per_token  # the routed experts' (and shared ones') width, MoE
     full = spec.method.kind == "full"
     per_norm = variants.norm_saved_per_token(arch, spec, sb)  # a fused norm kernel's, or:
     if per_norm is None and arch.norm_kind == "rms":
@@ -74,13 +73,14 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     fused_glu = spec.model.implementation == "megatron" or variants.fused_mlp(arch, spec)
     gated = 2 if fused_glu else 3
     saved_per_i = (gated if arch.mlp_kind == "gated" else 1) + python_activation_saves(arch, spec)
-    mlp = saved_per_i * cb * i * k
-    if arch.num_experts > 1:
-        mlp += cb * h * k + 4 * arch.num_experts  # tokens gathered per expert + router logits
+    mlp = saved_per_i * cb * ik
+    if arch.is_moe:  # in the MoE layers: tokens gathered per expert + router logits
+        k = arch.experts_per_token
+        mlp += arch.num_moe_layers * (cb * h * k + 4 * arch.num_experts) // arch.num_layers
     total = norms + sdpa + mlp
     if full:
         parallel = arch.family == "phi" or arch.norms_per_layer == 1  # one input, attn + MLP
-        total += cb * (h + hq + (0 if parallel else h) + i * k)  # attn, o, mlp, down inputs
+        total += cb * (h + hq + (0 if parallel else h) + ik)  # attn, o, mlp, down inputs
     else:
         total += _lora_saved_bytes_per_token(arch, spec, cb) + \
             variants.dora_saved_per_token(arch, spec)
@@ -122,14 +122,15 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
     for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
         if lin.peft_kind == "parameter":  # fused MoE experts: plan/analytic/variants.py
             continue
-        extra += r * mult * per_feature * lin.count_per_layer
+        share = arch.layer_share(lin)  # MoE models: a matrix only some layers hold
+        extra += int(share * r * mult * per_feature * lin.count_per_layer)
         if spec.method.lora_dropout > 0:
-            extra += (1 + cb) * lin.in_features * lin.count_per_layer
+            extra += int(share * (1 + cb) * lin.in_features * lin.count_per_layer)
         if per_module:
-            extra += per_feature * lin.in_features * lin.count_per_layer
+            extra += int(share * per_feature * lin.in_features * lin.count_per_layer)
             continue
         group = _input_group(lin)
-        inputs[group] = max(inputs.get(group, 0), per_feature * lin.in_features)
+        inputs[group] = max(inputs.get(group, 0), int(share * per_feature * lin.in_features))
     return extra + sum(inputs.values())
 
 
@@ -155,8 +156,7 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
         return on_device(spec, L * sb * h * tokens, L), per_layer
     hq = arch.num_heads * arch.head_dim
     hkv = arch.num_kv_heads * arch.head_dim
-    k = arch.experts_per_token if arch.num_experts > 1 else 1
-    inter = arch.intermediate_size * k
+    inter = arch.mlp_width_per_token
     if ac == "selective-op":
         # torchtitan's per-op SAC: the layer's 1st, 3rd, 5th, ... matmul output is kept, every
         # second one recomputed: q, v, gate, down kept (k, o, up recomputed); non-gated: q, v, fc1
@@ -173,12 +173,11 @@ def layer_backward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int
     MLP's input gradients - of the down projection's input, act(gate) and up, and gate (3 x i
     per routed expert; 1 x i when a fused GLU writes its gradients into its saved inputs; 2 x i
     for a plain MLP). Smaller than the loss's transient unless a loss kernel removes that."""
-    k = arch.experts_per_token if arch.num_experts > 1 else 1
     if arch.mlp_kind != "gated":
         per_i = 2
     else:
         per_i = 1 if variants.fused_mlp(arch, spec) else 3
-    return per_i * cb * arch.intermediate_size * k * tokens
+    return per_i * cb * arch.largest_mlp_width * tokens
 
 
 OFFLOAD_LAYERS_ON_DEVICE = 2
@@ -296,5 +295,4 @@ def no_grad_layer_bytes(arch: Arch, cb: int, tokens: int) -> int:
     """One decoder layer's working set in a forward without gradient (the reference's, a
     validation pass, a prefill): its MLP intermediates (gate, up and their product, or fc1 and
     its activation), the largest of the layer's tensors."""
-    k = arch.experts_per_token if arch.num_experts > 1 else 1
-    return (3 if arch.mlp_kind == "gated" else 2) * cb * arch.intermediate_size * k * tokens
+    return (3 if arch.mlp_kind == "gated" else 2) * cb * arch.largest_mlp_width * tokens

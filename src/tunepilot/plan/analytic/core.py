@@ -113,8 +113,8 @@ def _model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
     """Weights, master weights, gradients and optimizer state of the unsharded model."""
     _, _, pb = precision_bytes(spec)
     notes: list[str] = []
-    linear_weights = sum(m.in_features * m.out_features * m.count_per_layer
-                         for m in linear_modules(arch)) * arch.num_layers
+    linear_weights = sum(m.in_features * m.out_features * m.count_per_layer * m.layers
+                         for m in linear_modules(arch))
     lm_head_weights = (spec.model.num_labels if spec.model.task == "sequence-classification"
                        else arch.vocab_size) * arch.hidden_size
     frozen = _frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
@@ -249,8 +249,9 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
     linears = linear_modules(arch)
     dequant = 2 * max(m.in_features * m.out_features for m in linears) \
         if spec.method.kind == "qlora" else 0  # one linear dequantised to bf16 at a time
-    largest = max([m.numel * (m.count_per_layer if m.peft_kind == "parameter" else 1)
-                   for m in linears] + [s.lm_head_weights])  # fused experts: one tensor
+    # fused experts are one (experts, out, in) tensor; per-expert modules one expert each
+    largest = max([m.numel if m.peft_kind == "parameter" else m.numel // m.count_per_layer
+                   for m in linears] + [s.lm_head_weights])
     acc_grads = s.grads if spec.gradient_accumulation_steps > 1 else 0
     grads, optim_temp = s.grads, s.optim_temp
     if spec.optimizer_in_backward:  # each gradient lives only until its parameter is stepped

@@ -46,9 +46,8 @@ def _linear_inputs_per_token(arch: Arch) -> int:
     projection's input (per routed expert) - the `full` term of activations.py."""
     h = arch.hidden_size
     hq = arch.num_heads * arch.head_dim
-    k = arch.experts_per_token if arch.num_experts > 1 else 1
     parallel = arch.family == "phi" or arch.norms_per_layer == 1
-    return h + hq + (0 if parallel else h) + arch.intermediate_size * k
+    return h + hq + (0 if parallel else h) + arch.mlp_width_per_token
 
 
 def fp8_terms(spec, arch: Arch, cb: int, tokens: int, shard: int, linear_weights: int,

@@ -190,8 +190,7 @@ def dora_targets(arch: Arch, spec: RunSpec) -> dict[LinearSpec, int]:
 
 def dora_magnitude_params(arch: Arch, spec: RunSpec) -> int:
     """DoRA's trainable magnitude vectors: out_features per adapted matrix."""
-    return sum(lin.out_features * lin.count_per_layer * (1 if lin.group == "head" else
-                                                           arch.num_layers)
+    return sum(lin.out_features * lin.count_per_layer * lin.layers
                for lin in dora_targets(arch, spec))
 
 
@@ -210,8 +209,9 @@ def dora_saved_per_token(arch: Arch, spec: RunSpec) -> int:
     autocast, ab, cb, _ = _dora_dtypes(spec)
     out_b = cb if autocast else ab  # lora_B's output; autocast makes it 16-bit
     base_b = cb if autocast or spec.method.lora_dropout == 0 else ab
-    return sum(lin.out_features * lin.count_per_layer * (base_b + out_b)
-               for lin in dora_targets(arch, spec) if lin.group != "head")
+    return int(sum(lin.out_features * lin.count_per_layer * (base_b + out_b)
+                   * arch.layer_share(lin) for lin in dora_targets(arch, spec)
+                   if lin.group != "head"))
 
 
 def dora_saved_per_layer(arch: Arch, spec: RunSpec) -> int:
@@ -223,8 +223,9 @@ def dora_saved_per_layer(arch: Arch, spec: RunSpec) -> int:
     if not cast and not autocast:
         return 0  # the base weight itself, already counted
     b = cb if autocast else ab
-    return sum(b * lin.in_features * lin.out_features * lin.count_per_layer
-               for lin in dora_targets(arch, spec) if lin.group != "head")
+    return int(sum(b * lin.in_features * lin.out_features * lin.count_per_layer
+                   * arch.layer_share(lin) for lin in dora_targets(arch, spec)
+                   if lin.group != "head"))
 
 
 def dora_transient(arch: Arch, spec: RunSpec) -> int:
@@ -256,9 +257,10 @@ def parameter_lora_saved_per_layer(arch: Arch, spec: RunSpec, cb: int, tokens: i
     for lin, mult in lora_targets(arch, spec.method.lora_targets).items():
         if lin.peft_kind != "parameter":
             continue
-        routed = tokens * (k if lin.count_per_layer > 1 else 1)
-        out += cb * (lin.numel + routed * lin.in_features
-                     + lin.count_per_layer * r * mult * (lin.in_features + lin.out_features))
+        routed = tokens * (k if lin.routed else 1)
+        out += int(arch.layer_share(lin) * cb * (
+            lin.numel + routed * lin.in_features
+            + lin.count_per_layer * r * mult * (lin.in_features + lin.out_features)))
     return out
 
 
