@@ -64,7 +64,7 @@ def plan(
 
 @app.command()
 def presets(as_json: JsonOpt = False) -> None:
-    """List the shipped model presets with their parameter counts.
+    """List the shipped model presets with their parameter counts (MoE: active per token).
 
     Example: tunepilot presets --json
     """
@@ -73,8 +73,10 @@ def presets(as_json: JsonOpt = False) -> None:
     rows = []
     for name in list_presets():
         arch = Arch.from_config(load_preset(name))
+        counts = param_counts(arch)
         rows.append({"preset": name, "hf_id": arch.hf_id, "model_type": arch.model_type,
-                     "params": param_counts(arch).total, "layers": arch.num_layers,
+                     "params": counts.total, "active_params": counts.active_per_token,
+                     "layers": arch.num_layers,
                      "hidden_size": arch.hidden_size, "vocab_size": arch.vocab_size})
     from tunepilot.views.plan import render_rows
 

@@ -175,11 +175,11 @@ def hub_preset(hub_id: str) -> str | None:
     """The preset whose hub id (or name) matches ``hub_id``, ignoring the organisation and
     suffixes such as -Instruct, -chat, -hf, -it, -v0.2."""
     from tunepilot.model.arch import list_presets, load_preset
+    from tunepilot.model.arch.files import hub_ids
 
     want = _norm(hub_id)
-    for name in list_presets():
-        hf = (load_preset(name).get("_tunepilot") or {}).get("hf_id")
-        if hf and hf.lower() == hub_id.lower():
+    for name in list_presets():  # the hub id, or an alias (an -Instruct variant's id)
+        if hub_id.lower() in {i.lower() for i in hub_ids(load_preset(name))}:
             return name
     for name in list_presets():
         hf = (load_preset(name).get("_tunepilot") or {}).get("hf_id")
