@@ -29,8 +29,12 @@ def _adapters_per_layer(arch, spec) -> int:
         return 0
     from tunepilot.model.arch import lora_targets
 
-    return sum(lin.count_per_layer for lin in lora_targets(arch, spec.method.lora_targets)
-               if lin.group != "head")
+    # fused MoE experts take one adapter (PEFT's ParamWrapper: batched over the experts);
+    # an MoE model's matrices held by some layers only count for their share of the layers
+    return round(sum((1 if lin.peft_kind == "parameter" else lin.count_per_layer)
+                     * arch.layer_share(lin)
+                     for lin in lora_targets(arch, spec.method.lora_targets)
+                     if lin.group != "head"))
 
 
 def forward_kernels(arch, spec) -> int:
