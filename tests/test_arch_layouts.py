@@ -291,3 +291,43 @@ def test_a_config_the_rules_cannot_count_is_refused_naming_the_key(case):
     with pytest.raises(SpecError) as err:
         Arch.from_config(cfg)
     assert err.value.field == "model.config" and repr(key) in err.value.message
+
+
+# --------------------------------------------------------------------------- one rank's slice
+
+SLICED = ["qwen3", "qwen3_moe", "llama", "gpt_oss", "deepseek_v3", "phi3"]
+
+
+@pytest.mark.parametrize("name", SLICED)
+def test_a_tensor_parallel_slice_counts_the_narrower_model(name):
+    """TP=2 holds the model with half the heads, MLP columns and vocabulary (a row-parallel
+    bias whole, as the narrower model's is; a router and MLA's latent projections replicated)."""
+    from tunepilot.model.arch import tensor_slice
+
+    cfg = layout_config(name)
+    arch = Arch.from_config(cfg)
+    half = dict(cfg, num_attention_heads=cfg["num_attention_heads"] // 2,
+                num_key_value_heads=cfg["num_key_value_heads"] // 2,
+                head_dim=arch.head_dim if arch.family != "mla" else None,
+                intermediate_size=cfg["intermediate_size"] // 2, vocab_size=cfg["vocab_size"] // 2)
+    for key in ("moe_intermediate_size",):
+        if key in cfg:
+            half[key] = cfg[key] // 2
+    if arch.family == "mla":  # per-head sizes stay; only the head count halves
+        half.pop("head_dim")
+    sliced = param_counts(tensor_slice(arch, 2))
+    narrow = Arch.from_config(half)
+    replicated = sum(s.total_numel for s in arch.decoder if s.group == "router") - sum(
+        s.total_numel for s in narrow.decoder if s.group == "router")
+    assert sliced.total == torch_param_count(meta_model(half)) + replicated
+
+
+def test_an_expert_parallel_slice_holds_its_share_of_the_routed_experts():
+    from tunepilot.model.arch import expert_slice
+
+    arch = Arch.from_config(layout_config("qwen3_moe"))
+    full, half = param_counts(arch), param_counts(expert_slice(arch, 2))
+    assert full.total - half.total == full.routed_experts // 2 == half.routed_experts
+    with pytest.raises(SpecError) as err:
+        expert_slice(arch, 3)
+    assert err.value.field == "parallel.expert"

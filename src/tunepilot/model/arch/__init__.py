@@ -41,13 +41,14 @@ from tunepilot.model.arch.lora import (
     lora_target_names,
     lora_targets,
 )
+from tunepilot.model.arch.slices import expert_slice, tensor_slice
 
 __all__ = [
     "ALL_LINEAR", "META_KEY", "Arch", "LinearSpec", "MoeLayout", "ParamCounts", "VisionTower",
-    "config_hash", "installed_moe_layout", "linear_modules", "list_presets", "lm_head_spec",
+    "config_hash", "expert_slice", "installed_moe_layout", "linear_modules", "list_presets", "lm_head_spec",
     "load_config_file", "load_preset", "lora_param_count", "lora_target_names", "lora_targets",
     "param_counts", "parameter_shapes", "resolve_arch", "resolve_model_config",
-    "supported_model_types",
+    "supported_model_types", "tensor_slice",
 ]
 
 

@@ -99,8 +99,13 @@ class Arch:
     decoder: tuple[LinearSpec, ...] = ()
     """every weight matrix of the decoder layers, each with the number of layers holding it"""
     layer_vectors: tuple[int, ...] = ()
-    """sizes of one decoder layer's other parameters: norm weights (and biases), per-head
-    q/k norms, attention sinks, learned activation scalars"""
+    """sizes of one decoder layer's other parameters but the q/k norms and sinks: norm weights
+    (and biases), MLA's latent norms, learned activation scalars"""
+    qk_norm: str = "none"
+    """q/k norms: none | head (one over head_dim each: Qwen3, Gemma 3, Apertus) | full (over all
+    q and all k features: OLMo 2/3, OLMoE) | per_head (a LayerNorm per head: StableLM) |
+    head_affine (a LayerNorm with bias over head_dim each: Phi)"""
+    attention_sinks: bool = False  # a learned sink logit per head (gpt-oss)
     model_vectors: tuple[int, ...] = ()
     """sizes of the model's parameters outside the layers and the head: the final norm"""
     num_moe_layers: int = 0  # layers whose MLP is routed experts (the rest are dense)
@@ -118,6 +123,20 @@ class Arch:
     def kv_dim(self) -> int:
         """Width of K (and of V) per token: num_kv_heads * head_dim."""
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def attention_vectors(self) -> tuple[int, ...]:
+        """Sizes of one layer's q/k norm and sink parameters (they follow the head counts, so a
+        tensor-parallel slice holds its heads' share)."""
+        hd, q, kv = self.head_dim, self.num_heads, self.num_kv_heads
+        sizes = {"none": [], "head": [hd, hd], "full": [q * hd, kv * hd],
+                 "per_head": [hd] * (q + kv), "head_affine": [hd] * 4}[self.qk_norm]
+        return tuple(sizes + ([q] if self.attention_sinks else []))
+
+    @property
+    def vectors_per_layer(self) -> tuple[int, ...]:
+        """Every parameter of one decoder layer that is not a matrix, by size."""
+        return self.layer_vectors + self.attention_vectors
 
     @property
     def is_moe(self) -> bool:

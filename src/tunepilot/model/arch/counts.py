@@ -61,7 +61,7 @@ def _largest_layer(arch: Arch, specs: list[LinearSpec]) -> tuple[int, int]:
 def param_counts(arch: Arch, moe_layout: MoeLayout | None = None) -> ParamCounts:
     """Count every parameter of ``AutoModelForCausalLM.from_config(cfg)`` without building it."""
     specs = linear_modules(arch, moe_layout)
-    layer_vectors = sum(arch.layer_vectors)
+    layer_vectors = sum(arch.vectors_per_layer)
     attention, mlp = _largest_layer(arch, specs)
     embedding = (arch.vocab_size + arch.num_position_embeddings) * arch.hidden_size
     head = lm_head_spec(arch)
@@ -97,7 +97,7 @@ def parameter_shapes(arch: Arch, moe_layout: MoeLayout | None = None) -> list[tu
         shapes += [matrix] * (lin.count_per_layer * lin.layers)
         if lin.has_bias:
             shapes += [(lin.out_features,)] * (lin.count_per_layer * lin.layers)
-    shapes += [(n,) for n in arch.layer_vectors] * arch.num_layers
+    shapes += [(n,) for n in arch.vectors_per_layer] * arch.num_layers
     shapes += [(n,) for n in arch.model_vectors]
     if arch.vision is not None:
         shapes += [(n,) for n in arch.vision.vectors] + list(arch.vision.shapes)

@@ -183,7 +183,8 @@ def _lin(name: str, path: str, fan_in: int, fan_out: int, bias: bool, group: str
 
 
 def attention_parts(cv: ConfigView, r: Recipe, d: Dims) -> tuple[list[LinearSpec], list[int]]:
-    """One layer's attention matrices and its other attention parameters (q/k norms, sinks)."""
+    """One layer's attention matrices and its other attention parameters but the q/k norms
+    and sinks (Arch.attention_vectors: MLA's latent norms)."""
     h, L, hq, hkv = d.hidden, d.layers, d.q_out, d.kv_out
     qb, ob = _bias(cv, r.qkv_bias), _bias(cv, r.o_bias)
     a = "attention"
@@ -206,19 +207,12 @@ def attention_parts(cv: ConfigView, r: Recipe, d: Dims) -> tuple[list[LinearSpec
                 _lin("k_proj", "self_attn.k_proj", h, hkv, qb, a, L),
                 _lin("v_proj", "self_attn.v_proj", h, hkv, qb, a, L),
                 _lin(o, f"self_attn.{o}", hq, h, ob, a, L)]
-    return lins, _qk_norm(cv, r, d) + ([d.heads] if r.sinks else [])
+    return lins, []
 
 
-def _qk_norm(cv: ConfigView, r: Recipe, d: Dims) -> list[int]:
-    """q/k norm parameters of one layer: head (one RMSNorm over head_dim each, shared by the
-    heads: Qwen3, Gemma 3, Apertus), full (over all q / all k features: OLMo 2/3, OLMoE),
-    per_head (a LayerNorm without bias per head: StableLM), head_affine (a LayerNorm with bias
-    over head_dim each: Phi)."""
-    if r.qk_norm == "none" or (r.qk_norm_key and not cv.flag(r.qk_norm_key)):
-        return []
-    hd = d.head_dim
-    return {"head": [hd, hd], "full": [d.q_out, d.kv_out],
-            "per_head": [hd] * (d.heads + d.kv_heads), "head_affine": [hd] * 4}[r.qk_norm]
+def _qk_norm(cv: ConfigView, r: Recipe) -> str:
+    """The q/k norm kind the layers carry (Arch.qk_norm), where its config flag turns it on."""
+    return "none" if r.qk_norm_key and not cv.flag(r.qk_norm_key) else r.qk_norm
 
 
 def dense_mlp(r: Recipe, d: Dims, inter: int, bias: bool, layers: int,
@@ -302,13 +296,14 @@ def read_arch(cfg: dict[str, Any]) -> Arch:
         max_position_embeddings=max_pos, known_layout=True, hf_id=meta.get("hf_id"),
         config_hash=config_hash(cfg), hidden_act=act, decoder=tuple(attn + mlp),
         layer_vectors=tuple(layer_vectors), model_vectors=tuple(model_vectors),
+        qk_norm=_qk_norm(cv, r), attention_sinks=r.sinks,
         num_moe_layers=moe.num_layers if moe else 0,
         num_shared_experts=moe.num_shared if moe else 0,
         shared_intermediate_size=moe.shared_inter if moe else 0,
         dense_intermediate_size=moe.dense_inter if moe else d.inter,
         sliding_window=window, num_sliding_layers=sliding,
         vision=vision_tower(top, d) if model_type == "gemma3" else None,
-        mtp_params=mtp_params(cv, d, attn, attn_vectors, layer_vectors, moe),
+        mtp_params=mtp_params(cv, d, attn, layer_vectors, moe),
         context_length=_context_length(cv.cfg, max_pos),
     )
 

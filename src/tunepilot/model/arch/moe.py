@@ -145,8 +145,8 @@ def mla_parts(cv: ConfigView, d) -> tuple[list[LinearSpec], list[int]]:
     return q + kv, ([q_rank] if q_rank else []) + [kv_rank]
 
 
-def mtp_params(cv: ConfigView, d, attn: list[LinearSpec], attn_vectors: list[int],
-               layer_vectors: list[int], moe: MoeParts | None) -> int:
+def mtp_params(cv: ConfigView, d, attn: list[LinearSpec], layer_vectors: list[int],
+               moe: MoeParts | None) -> int:
     """DeepSeek-V3's multi-token-prediction modules (num_nextn_predict_layers), which the hub
     checkpoint ships and transformers' DeepseekV3ForCausalLM does not build: each is one MoE
     decoder layer plus enorm and hnorm, eh_proj (2h -> h) and shared_head.norm (its embedding
@@ -168,14 +168,15 @@ def per_expert_layout(arch: Arch, specs: list[LinearSpec]) -> list[LinearSpec]:
     pattern = PEFT_MOE_PATTERN.get(arch.model_type, arch.model_type)
     if pattern not in ("mixtral", "qwen2_moe"):
         return specs
-    h, i, e = arch.hidden_size, arch.intermediate_size, arch.num_experts
+    h, i = arch.hidden_size, arch.intermediate_size
+    e = next(s.count_per_layer for s in specs if s.routed)  # an expert-parallel slice's share
     n = arch.num_moe_layers
     mixtral = pattern == "mixtral"
     block = "block_sparse_moe" if mixtral else "mlp"
     names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
     router_kind = "parameter" if arch.model_type.startswith("deepseek") else "module"
     out = [s for s in specs if not s.routed and not (s.group == "router" and s.name == "gate")]
-    out.append(LinearSpec("gate", f"{block}.gate", h, e, False, group="router",
+    out.append(LinearSpec("gate", f"{block}.gate", h, arch.num_experts, False, group="router",
                           peft_kind=router_kind, layers=n, layer_kind="moe"))
     for name, fan_in, fan_out in zip(names, (h, h, i), (i, i, h), strict=True):
         out.append(LinearSpec(name, f"{block}.experts.{name}", fan_in, fan_out, False, e, "mlp",
