@@ -59,6 +59,9 @@ def _factor_runs(node, where: str = "") -> list[tuple[str, list[str]]]:
                         for n, ids in col.items()]
             else:
                 out += _factor_runs(v, f"{where}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += _factor_runs(v, f"{where}[{i}]")
     return out
 
 
@@ -69,12 +72,14 @@ def test_no_factor_rests_on_a_run_of_a_held_out_publication():
     from tunepilot.cost.runs import held_out_ids
     from tunepilot.resources import COST_MODEL_YAML, THROUGHPUT_MODEL_YAML
 
-    every = {r.id for r in published_runs().runs} | {r.id for r in published_runs().excluded}
+    f = published_runs()
+    every = {r.id for r in (*f.runs, *f.excluded, *f.pairs)}
     held = held_out_ids()
     found = []
     for path in (THROUGHPUT_MODEL_YAML, COST_MODEL_YAML):
         found += _factor_runs(yaml.safe_load(path.read_text(encoding="utf-8")), path.name)
-    assert len(found) >= 10  # card, compile and the eight node-scaling values
+    assert len(found) >= 11  # card, compile, the eight node-scaling values, a generation
+    assert any(".generations[" in where for where, _ in found)
     for where, ids in found:
         assert ids and set(ids) <= every, (where, set(ids) - every)
         assert not set(ids) & held, (where, set(ids) & held)
@@ -90,6 +95,16 @@ def test_the_factors_are_the_ratios_of_the_runs_they_list():
     assert tm.cards["h200"].factor == pytest.approx(tps["ml5"] / tps["ml2"], abs=0.01)
     compile_ = statistics.median([tps["tt2"] / tps["tt1"], tps["tt5"] / tps["tt4"]])
     assert tm.torch_compile.factor == pytest.approx(compile_, abs=0.005)
+    peak = {c: load_catalog().get(c).peak_flops("bf16") for c in ("a100-sxm-80gb",
+                                                                 "h100-sxm-80gb")}
+    for g in tm.generations:  # one-card MFU ratio = tokens/s ratio x the peaks' inverse ratio
+        pairs = {p.id: {c.card: c.tokens_per_s_per_gpu for c in p.cards}
+                 for p in published_runs().pairs if p.id in g.runs}
+        assert len(pairs) == len(g.runs)
+        ratios = [t["a100-sxm-80gb"] / t["h100-sxm-80gb"] * peak["h100-sxm-80gb"]
+                  / peak["a100-sxm-80gb"] for t in pairs.values()]
+        assert (g.to, g.frm) == ("ampere", "hopper")
+        assert g.factor == pytest.approx(statistics.median(ratios), abs=0.005)
     by = cost_model()["scaling_efficiency_by_nodes"]
     assert by["latency_bound"][8] == pytest.approx(tps["ml3"] / tps["ml2"], abs=0.002)
     assert by["amortised"][16] == pytest.approx(statistics.median(
@@ -122,6 +137,28 @@ def test_a_cell_without_runs_is_reached_through_named_derived_conversions():
     lit = estimate_setting(Setting("litgpt", "h200", "full", "bf16-mixed"), one_card=True)
     assert [s.dimension for s in lit.route.steps] == ["group"]
     assert lit.factors["card"] == pytest.approx(1.13)  # H200 over H100 at the same peak
+
+
+def test_a_card_generation_is_the_stacks_own_ratio_before_other_stacks():
+    """A group the implementation has no run on: its own cells on both groups first, else its
+    published same-script pair (torchtitan's A100 from fms-fsdp's), else every stack's cells."""
+    from tunepilot.cost.calibration import generation_step
+
+    tt = estimate_setting(Setting("torchtitan", "a100", "full", "bf16-mixed"), one_card=True)
+    hopper = estimate_setting(Setting("torchtitan", "h100", "full", "bf16-mixed"),
+                              one_card=True)
+    [step] = tt.route.steps
+    assert step.dimension == "group" and "fm1" in step.how and "torchtitan's own" in step.how
+    assert tt.mfu == pytest.approx(hopper.mfu * 1.44, rel=0.01)
+    back = generation_step("torchtitan", "hopper", "ampere")
+    assert back is not None and back.factor == pytest.approx(1 / 1.44, rel=0.01)
+    assert generation_step("litgpt", "hopper", "ampere") is None
+    # transformers has cells on both groups: its own ratios only, never Megatron's
+    step = fitted().ratio("group", "ampere", "hopper", "transformers")
+    assert "megatron" not in step.how and "transformers x ampere" in step.how
+    # LitGPT has neither: every implementation's fitted cells, named
+    lit = fitted().ratio("group", "hopper", "ampere", "litgpt")
+    assert "megatron" in lit.how and "transformers" in lit.how
 
 
 def test_scaling_efficiency_by_node_count_from_published_runs():

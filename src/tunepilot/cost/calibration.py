@@ -167,13 +167,42 @@ class Fit:
                         (a.base / b.base, f"{a.label} / {b.label}"))
         return out
 
-    def ratio(self, dimension: str, to: str, frm: str) -> Step | None:
+    def ratio(self, dimension: str, to: str, frm: str, implementation: str | None = None
+              ) -> Step | None:
+        """The conversion of a cell's MFU from ``frm`` to ``to``: the median ratio of fitted
+        cells that differ in that dimension only. A card group (a generation's speed-up is the
+        stack's own) takes the implementation's own cells when it has them on both, else its
+        published same-script pair (throughput_model.yaml generations:), else every
+        implementation's cells."""
         pairs = self.ratios(dimension).get((to, frm))
+        if dimension == "group" and implementation is not None:
+            own = [(r, w) for r, w in pairs or [] if w.startswith(f"{implementation} x ")]
+            if own:
+                pairs = own
+            else:
+                published = generation_step(implementation, to, frm)
+                if published is not None:
+                    return published
         if not pairs:
             return None
         value = statistics.median(r for r, _ in pairs)
         return Step(dimension, value, f"{frm} -> {to} x{value:.3g} (derived: median of "
                     f"{len(pairs)} fitted cell ratio(s): " + "; ".join(w for _, w in pairs) + ")")
+
+
+def generation_step(implementation: str, to: str, frm: str) -> Step | None:
+    """The implementation's published card-generation ratio (throughput_model.yaml generations:,
+    either way round), or None."""
+    from tunepilot.cost.throughput_model import throughput_model
+
+    for g in throughput_model().generations:
+        if g.implementation != implementation or {g.to, g.frm} != {to, frm}:
+            continue
+        value = g.factor if g.to == to else 1 / g.factor
+        return Step("group", value, f"{frm} -> {to} x{value:.3g} ({g.kind}: {implementation}'s "
+                    f"own generation ratio, the same scripts on both from {len(g.runs)} published "
+                    f"pair(s) {', '.join(g.runs)}: {g.source.split(': ', 1)[-1].split(' (')[0]})")
+    return None
 
 
 @cache
@@ -214,7 +243,7 @@ def route(want: Key) -> Route:
         steps = []
         for dim, i in DIMENSIONS.items():
             if key[i] != want[i]:
-                step = fit.ratio(dim, want[i], key[i])
+                step = fit.ratio(dim, want[i], key[i], want[0])
                 if step is None:
                     steps = None
                     break

@@ -84,11 +84,36 @@ class ExcludedRun(_Read):
     source: str
 
 
+class OnCard(_Read):
+    """One side of a generation pair: the card it ran on and its throughput."""
+
+    card: str
+    """the catalog card it is projected on"""
+    count: int = Field(gt=0)
+    tokens_per_s_per_gpu: float = Field(gt=0)
+
+
+class GenerationPair(_Read):
+    """The same scripts and configuration published on two card generations: the stack's own
+    speed ratio between them (throughput_model.yaml generations:), not a run to fit a cell on."""
+
+    id: str
+    publication: str
+    stack: str
+    model: str
+    config: str
+    """what both sides ran, as published (strategy, compile, checkpointing, batch, length)"""
+    cards: list[OnCard] = Field(min_length=2, max_length=2)
+    published: str
+    source: str
+
+
 class RunsFile(_Read):
     schema_version: int
     as_of: str
     runs: list[PublishedRun]
     excluded: list[ExcludedRun]
+    pairs: list[GenerationPair] = Field(default_factory=list)
 
 
 @cache
@@ -109,15 +134,16 @@ def held_out_publication(publication: str) -> bool:
     return digest % HELD_OUT_MODULUS == HELD_OUT_RESIDUE
 
 
-def held_out(run: PublishedRun | ExcludedRun) -> bool:
+def held_out(run: PublishedRun | ExcludedRun | GenerationPair) -> bool:
     """Whether the run's publication is held out of the fit and of every factor."""
     return held_out_publication(run.publication)
 
 
 def held_out_ids() -> set[str]:
-    """Ids of every throughput row (projected or not) of a held-out publication."""
+    """Ids of every throughput row (projected, not projected or a generation pair) of a
+    held-out publication."""
     f = published_runs()
-    return {r.id for r in (*f.runs, *f.excluded) if held_out(r)}
+    return {r.id for r in (*f.runs, *f.excluded, *f.pairs) if held_out(r)}
 
 
 def fit_runs() -> list[PublishedRun]:

@@ -46,6 +46,20 @@ class CardRow(_Read):
     """the published runs the factor is read from (as Factor.runs)"""
 
 
+class Generation(_Read):
+    """An implementation's own speed ratio between two card groups, from the same scripts
+    published on both (throughput_runs.yaml pairs:): one-card MFU on ``to`` / on ``frm``."""
+
+    implementation: str
+    to: str
+    frm: str
+    factor: float = Field(gt=0)
+    kind: Kind
+    source: str
+    runs: list[str]
+    """the generation pairs (throughput_runs.yaml pairs: ids) the factor is the median of"""
+
+
 class ThroughputModel(_Read):
     """resources/throughput_model.yaml, validated once when first read."""
 
@@ -58,6 +72,7 @@ class ThroughputModel(_Read):
     checkpointing: dict[str, Factor]
     torch_compile: Factor
     kernels: dict[str, KernelRow] = Field(default_factory=dict)
+    generations: list[Generation] = Field(default_factory=list)
 
 
 @cache
