@@ -78,7 +78,7 @@ def test_a_multi_day_spot_quote_recomputed_by_hand():
     assert s.interval_steps == round(t / (_term(q, "training").total.value / q.optimizer_steps))
     # money: 8 cards x hours billed in whole hours (the H200 example) x $1.01, cents once
     assert s.expected_cost_cents == _cents(8, h, 3600, "1.01")
-    assert s.naive_cost_cents == _cents(8, q.job_s.value, 3600, "1.01")
+    assert s.naive_cost_cents == _cents(8, b, 3600, "1.01")  # the same schedule, no interruption
     assert s.on_demand_cost_cents == _cents(8, q.job_s.value, 3600, "3.49")
     assert s.expected_cost_cents > s.naive_cost_cents  # interruptions cost something
     assert s.expected_cost_cents < s.on_demand_cost_cents
@@ -90,6 +90,15 @@ def test_a_multi_day_spot_quote_recomputed_by_hand():
     assert hi.hours == pytest.approx((b + hi.interruptions * lost) / 3600)
     assert s.daly_interval_s < s.interval_s.value
     assert isinstance(s.expected_cost_cents, int) and isinstance(s.spot_usd_per_hour, Decimal)
+
+
+def test_the_overhead_is_never_negative_when_the_spec_saves_more_often_than_the_optimum():
+    """N20: the naive cost was the on-demand job (the spec's checkpoint schedule) at the spot
+    rate, the expected cost the spot schedule: a spec saving every step showed -5%."""
+    often = FSDP_70B.with_changes(checkpoint=FSDP_70B.checkpoint.model_copy(
+        update={"every_steps": 1}))
+    s = quote(often, card_id="h200", count=8, term_s=8 * DAY).spot
+    assert s.expected_cost_cents >= s.naive_cost_cents and s.overhead_fraction >= 0
 
 
 def test_young_and_daly_match_the_worked_examples():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,13 @@ from typing import Any
 MAX_CARDS = 1 << 17
 MAX_DEPTH = 64  # a spec, a trainer's config or a DeepSpeed config nests a handful of levels
 MAX_SMALL_FILE_BYTES = 64 << 20  # a manifest, a JSON component or a stage result
+# A card's facts as a catalog file states them: far past any accelerator sold (the largest have
+# ~288 GB of HBM, ~10 PFLOP/s dense FP8); past them a number is a typo and would overflow the
+# arithmetic built on it. A price past MAX_USD a card-hour (or an option's unit) likewise.
+MAX_MEMORY_GB = 1e6
+MAX_TFLOPS = 1e6
+MAX_TERM_HOURS = 10 * 365 * 24
+MAX_USD = Decimal(10**6)
 
 
 class Refused(ValueError):

@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from tunepilot.errors import UserError
+from tunepilot.limits import MAX_CARDS, MAX_MEMORY_GB, MAX_TERM_HOURS, MAX_TFLOPS, MAX_USD
 from tunepilot.resources import CATALOG_YAML
 
 DEFAULT_CATALOG_PATH = CATALOG_YAML
@@ -62,6 +63,9 @@ def _decimal(value: Any) -> Decimal:
         raise ValueError(f'expected a quoted decimal string such as "2.49", got {value!r}')
     if not value.is_finite() or value < 0:
         raise ValueError(f"{value} is not a finite amount >= 0")
+    if value > MAX_USD:
+        raise ValueError(f"{value} is more than {MAX_USD:,} USD: a card-hour, an option's unit "
+                         "or a percentage is priced far below that (a typo?)")
     return value
 
 
@@ -134,20 +138,21 @@ class Source(_Model):
 class PeakTflops(_Model):
     """Dense (no 2:4 sparsity) peak TFLOP/s per precision; None where the card has no such unit."""
 
-    bf16: float = Field(gt=0)
-    fp16: float | None = Field(default=None, gt=0)
-    fp8: float | None = Field(default=None, gt=0)
-    tf32: float | None = Field(default=None, gt=0)
-    fp32: float | None = Field(default=None, gt=0)
+    bf16: float = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False)
+    fp16: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False)
+    fp8: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False)
+    tf32: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False)
+    fp32: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False)
 
 
 class ScaleUp(_Model):
     """The GPU-to-GPU link inside a node."""
 
     link: str
-    bandwidth_gbps: float | None = Field(default=None, gt=0)  # GB/s per GPU, all links together
+    bandwidth_gbps: float | None = Field(default=None, gt=0, le=1e7, allow_inf_nan=False)
+    """GB/s per GPU, all links together"""
     notes: str | None = None
-    busbw_gbps: float | None = Field(default=None, gt=0)
+    busbw_gbps: float | None = Field(default=None, gt=0, le=1e7, allow_inf_nan=False)
     """measured NCCL/RCCL all-reduce bus bandwidth of a full node, GB/s: what a collective
     inside the node achieves (the time model's tensor/context-parallel and intra-node terms)"""
     busbw_source: str | None = None
@@ -176,7 +181,7 @@ class Term(_Model):
     """A reserved term: ``hours`` paid at ``discount_percent`` off the on-demand rate."""
 
     name: str = Field(min_length=1)
-    hours: int = Field(gt=0)
+    hours: int = Field(gt=0, le=MAX_TERM_HOURS)
     discount_percent: Percent
 
 
@@ -184,7 +189,7 @@ class Cancellation(_Model):
     """Refund on cancelling a booking: full at least ``full_refund_before_h`` before the start
     (None: never), ``partial_refund_percent`` later but before it, then the after-start rate."""
 
-    full_refund_before_h: float | None = Field(ge=0)
+    full_refund_before_h: float | None = Field(ge=0, le=MAX_TERM_HOURS, allow_inf_nan=False)
     partial_refund_percent: Percent
     after_start_refund_percent: Percent
 
@@ -227,8 +232,8 @@ class Pricing(_Model):
     """How a card is rented: rate, billing granularity, terms, cancellation, add-ons."""
 
     on_demand_usd_per_hour: Money
-    billing_increment_s: int = Field(gt=0)  # usage is rounded up to a multiple of this
-    minimum_charge_s: int = Field(ge=0)
+    billing_increment_s: int = Field(gt=0, le=MAX_TERM_HOURS * 3600)  # usage rounds up to this
+    minimum_charge_s: int = Field(ge=0, le=MAX_TERM_HOURS * 3600)
     terms: list[Term] = Field(default_factory=list)
     cancellation: Cancellation
     options: dict[str, OptionPrice] = Field(default_factory=dict)
@@ -240,7 +245,7 @@ class Pricing(_Model):
     instance_type: str | None = None
     """the instance the price is of (an imported price table), e.g. p5.48xlarge"""
     region: str | None = None
-    instance_accelerators: int | None = Field(default=None, ge=1)
+    instance_accelerators: int | None = Field(default=None, ge=1, le=1024)
     host: HostOffer | None = None
     """the instance's host RAM, vCPUs and local disk (None: not listed)"""
     fabric: Fabric | None = None
@@ -269,7 +274,7 @@ class Pricing(_Model):
 class Inventory(_Model):
     """How many of the card can be allocated."""
 
-    count: int = Field(ge=0)
+    count: int = Field(ge=0, le=MAX_CARDS)
     source: str = Field(min_length=1)
 
 
@@ -281,12 +286,12 @@ class Card(_Model):
     name: str
     vendor: str
     software_stack: Literal["cuda", "rocm"]
-    memory_gb: float = Field(gt=0)  # as sold, decimal GB (10^9 bytes)
-    memory_bytes: int = Field(gt=0)  # defaults to memory_gb x 10^9
+    memory_gb: float = Field(gt=0, le=MAX_MEMORY_GB, allow_inf_nan=False)  # decimal GB, as sold
+    memory_bytes: int = Field(gt=0, le=int(MAX_MEMORY_GB * 1e9))  # default memory_gb x 10^9
     peak_tflops: PeakTflops
-    hbm_bandwidth_tbps: float = Field(gt=0)
+    hbm_bandwidth_tbps: float = Field(gt=0, le=1e4, allow_inf_nan=False)
     scale_up: ScaleUp
-    tdp_w: int = Field(gt=0)
+    tdp_w: int = Field(gt=0, le=1e6)
     host_link: Literal["pcie4", "pcie5"] | None = None
     """the card's host interface (x16): what an offloaded optimizer step and vLLM's sleep mode
     move state over (resources/step_model.yaml host_link: its achieved bandwidth)"""
@@ -299,8 +304,10 @@ class Card(_Model):
     def _default_memory_bytes(cls, data: Any) -> Any:
         if isinstance(data, dict) and "memory_bytes" not in data:
             gb = data.get("memory_gb")
-            if isinstance(gb, int | float) and not isinstance(gb, bool):
-                data = {**data, "memory_bytes": round(gb * 1e9)}
+            ok = isinstance(gb, int | float) and not isinstance(gb, bool) and \
+                0 < gb <= MAX_MEMORY_GB
+            # out of range: memory_gb's own check names it (1 keeps a second error away)
+            data = {**data, "memory_bytes": round(gb * 1e9) if ok else 1}
         return data
 
     @model_validator(mode="after")
@@ -531,6 +538,10 @@ def _shipped(path: Path) -> Catalog:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path != DEFAULT_CATALOG_PATH:  # a user's file: size, aliases and nesting bounded
+        from tunepilot.spec.yaml_input import read_yaml_mapping
+
+        return read_yaml_mapping(path, what="catalog")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -68,6 +68,7 @@ class CatalogImport:
 # Bounds of a plausible row: the largest GPU instances carry 8-16 accelerators and cost about
 # $100 per instance-hour on demand (AWS p5en.48xlarge, 2025 price list); a count or price far
 # beyond these is a damaged table, not an offer.
+MAX_TABLE_BYTES = 1 << 30  # SkyPilot's largest vms.csv (AWS) is tens of MB
 MAX_ACCELERATORS_PER_INSTANCE = 1024
 MAX_USD_PER_INSTANCE_HOUR = Decimal(100_000)
 
@@ -134,9 +135,14 @@ def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None =
 
     catalog = catalog or load_catalog()
     path = Path(path)
+    from tunepilot.limits import Refused, read_capped
+
     try:
-        raw = path.read_bytes()
+        raw = read_capped(path, MAX_TABLE_BYTES)
         text = raw.decode("utf-8-sig")
+    except Refused as exc:
+        raise UserError("FILE", f"{path} {exc}.", "Give SkyPilot's vms.csv for one cloud "
+                        "(~/.sky/catalogs/v*/CLOUD/vms.csv).") from None
     except OSError as exc:
         raise UserError("FILE", f"{path} cannot be read ({exc.strerror or exc}).") from None
     except UnicodeDecodeError:
@@ -163,7 +169,10 @@ def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None =
                                       "missing": _missing_facts(name)})
             unknown[name]["instances"].add(r["InstanceType"].strip())
             continue
-        gpu_info.check(r.get("GpuInfo"), name, card_id)
+        if not gpu_info.check(r.get("GpuInfo"), name, card_id, count,
+                              r["InstanceType"].strip()):
+            skipped += 1  # the row contradicts itself: no price is derived from it
+            continue
         if price is None and spot is None:
             skipped += 1
             continue
@@ -177,6 +186,14 @@ def import_vms_csv(path: Path, *, region: str | None = None, as_of: str | None =
     digest = hashlib.sha256(raw).hexdigest()[:12]
     source = f"SkyPilot catalog {path.name} (sha256 {digest}), imported by tunepilot"
     cards = [_card_entry(card_id, rows_, source, when) for card_id, rows_ in sorted(offers.items())]
+    if not any(cards):  # a catalog of no cards is refused by --catalog: write none
+        found = (gpu_info.warnings() + host.warnings())[:2] + [
+            _unknown_entry(u)["accelerator"] + ": " + u["missing"] for u in unknown.values()][:1]
+        raise UserError("FILE", f"no row of {path.name} prices a card tunepilot knows ({rows:,} "
+                        f"rows read, {skipped:,} skipped)" + (": " + "; ".join(found) if found
+                                                              else "") + "; nothing was written.",
+                        "Import the table of a cloud that rents H100/H200/A100-80GB/MI300X "
+                        "cards, or add the card with its facts in a --catalog.")
     return CatalogImport(str(path), when, [c for c in cards if c],
                          [_unknown_entry(u) for u in unknown.values()],
                          gpu_info.warnings() + host.warnings(), rows, skipped)
@@ -275,19 +292,29 @@ class _GpuInfoCheck:
         self._memory: dict[str, dict] = {}  # name -> {"card", "listed": {MiB: rows}}
         self._total: dict[str, dict] = {}  # name -> {"total", "count", "rows"}
         self._unreadable: dict[str, tuple[str, int]] = {}
+        self._miscounted: dict[str, dict] = {}  # name -> {"rows", "example"}
 
-    def check(self, raw: str | None, name: str, card_id: str) -> None:
+    def check(self, raw: str | None, name: str, card_id: str, accelerators: int,
+              instance: str) -> bool:
+        """Record what the row's GpuInfo says; False when it contradicts the row's own
+        AcceleratorCount (its GPUs' Count says otherwise): the price per card would be the
+        instance's price over the wrong count, so the row is not priced."""
         if not raw:
-            return
+            return True
         key = (raw, name)
         found = self._seen.get(key)
         if found is None:
             found = self._seen[key] = _read_gpu_info(raw)
-        kind, per, total, count = found
+        kind, per, total, count, gpus = found
         if kind == "unreadable":
             first, n = self._unreadable.get(name, (raw, 0))
             self._unreadable[name] = (first, n + 1)
-            return
+            return True
+        if gpus is not None and gpus != accelerators:
+            m = self._miscounted.setdefault(name, {"rows": 0, "example": (instance,
+                                                                          accelerators, gpus)})
+            m["rows"] += 1
+            return False
         card = self._cards.get(card_id) or self._cards.setdefault(card_id,
                                                                    self.catalog.get(card_id))
         if isinstance(per, int | float) and per > 0 and \
@@ -298,9 +325,16 @@ class _GpuInfoCheck:
                 isinstance(count, int | float) and count > 1 and abs(total - per) < 1:
             t = self._total.setdefault(name, {"total": total, "count": count, "rows": 0})
             t["rows"] += 1
+        return True
 
     def warnings(self) -> list[str]:
         out = []
+        for name, m in self._miscounted.items():
+            instance, said, gpus = m["example"]
+            more = f" and {m['rows'] - 1:,} more rows" if m["rows"] > 1 else ""
+            out.append(f"{name}: {instance} says AcceleratorCount {said} but its GpuInfo lists "
+                       f"{gpus} GPUs{more}: the row contradicts itself, so no price per card is "
+                       "taken from it (skipped)")
         for name, (first, n) in self._unreadable.items():
             out.append(f"{name}: GpuInfo is not readable ({first[:60]!r}"
                        + (f" and {n - 1:,} more rows" if n > 1 else "") + "); card facts used")
@@ -322,24 +356,39 @@ class _GpuInfoCheck:
         return out
 
 
+def _gpu_count(info: object) -> int | None:
+    """The GPUs a GpuInfo cell lists (the Count of every entry of Gpus, summed); None when it
+    does not say (no Gpus, or a Count that is not a positive whole number)."""
+    gpus = info.get("Gpus") if isinstance(info, dict) else None
+    if not isinstance(gpus, list) or not gpus:
+        return None
+    counts = [g.get("Count") if isinstance(g, dict) else None for g in gpus]
+    if not all(isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c)
+               and c > 0 and c == int(c) for c in counts):
+        return None
+    return int(sum(counts))
+
+
 def _read_gpu_info(raw: str) -> tuple:
-    """("ok" | "unreadable", MiB per GPU, TotalGpuMemoryInMiB, GPU count) of a GpuInfo cell."""
+    """("ok" | "unreadable", MiB per GPU, TotalGpuMemoryInMiB, the first GPU entry's Count,
+    the GPUs listed in all) of a GpuInfo cell."""
     try:
         info = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
-        return "unreadable", None, None, None
+        return "unreadable", None, None, None, None
     if not isinstance(info, dict):
-        return "ok", None, None, None
+        return "ok", None, None, None, None
     gpus = info.get("Gpus") or []
     first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else {}
     mem = first.get("MemoryInfo")
     per = mem.get("SizeInMiB") if isinstance(mem, dict) else None
-    return "ok", per, info.get("TotalGpuMemoryInMiB"), first.get("Count")
+    return "ok", per, info.get("TotalGpuMemoryInMiB"), first.get("Count"), _gpu_count(info)
 
 
 def write_catalog(result: CatalogImport, out: Path) -> None:
     import yaml
 
+    from tunepilot.spec.yaml_input import yaml_comment
     from tunepilot.store import atomic_write_bytes
 
     head = [f"# imported by `tunepilot catalog import --from skypilot` from {result.source}",
@@ -351,5 +400,25 @@ def write_catalog(result: CatalogImport, out: Path) -> None:
         head.append(f"# ... and {len(result.unknown) - len(shown):,} more unknown accelerators")
     body = {"schema_version": 1, "as_of": result.as_of,
             "note": f"prices from {result.source}", "cards": result.cards}
-    atomic_write_bytes(out, ("\n".join(head) + "\n" +
-                             yaml.safe_dump(body, sort_keys=False)).encode())
+    text = "".join(yaml_comment(h.removeprefix("# ")) + "\n" for h in head) + \
+        yaml.safe_dump(body, sort_keys=False)
+    _check_reads_back(text, out)
+    atomic_write_bytes(out, text.encode())
+
+
+def _check_reads_back(text: str, out: Path) -> None:
+    """The catalog about to be written must load as a --catalog (merged over the shipped one)
+    before it is written: exit 0 means `--catalog OUT` works."""
+    import tempfile
+
+    from tunepilot.catalog import load_catalog
+
+    with tempfile.TemporaryDirectory(prefix="tunepilot-catalog-") as tmp:
+        probe = Path(tmp) / out.name
+        probe.write_text(text, encoding="utf-8")
+        try:
+            load_catalog(probe)
+        except UserError as exc:
+            raise UserError("--out", f"the catalog import would write does not load as a "
+                            f"--catalog ({exc}); nothing was written.", "Report this with the "
+                            "table: it is a bug in tunepilot's importer.") from None

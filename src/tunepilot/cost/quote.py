@@ -345,6 +345,11 @@ def _job(ctx: QuoteContext, card: Card, count: int, strategy: str):
         eff, total = scaled(ctx, card, count, strategy, one)
     tokens_per_step = spec.batch.positions_per_step_on(count)
     target, steps = ctx.target(count, useful)
+    if not total.value or total.value <= 0:  # no token is trained: the job never ends
+        raise UserError("data", f"the run trains no useful token ({useful.basis} useful share "
+                        f"{useful.value}: {useful.how}); a term cannot be quoted for it.",
+                        "Check the data with `tunepilot data SPEC`: raise sequence_length or "
+                        "set data.train_on: all.")
     t = _Terms()
     _fixed_terms(ctx, card, t)
     t.add("training", 1, Figure(value=target / total.value, unit="s", basis=total.basis,

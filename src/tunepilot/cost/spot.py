@@ -19,8 +19,10 @@ skip). First-order model, stated wherever it is shown (every figure projected):
   N         expected interruptions r_job x H; the spread takes N as Poisson: at n
             interruptions the run takes B + n x L
 Costs: cards x billed hours x the spot rate, rounded to cents once (billing increment of the
-card, the run billed as one stretch); the naive spot cost is the on-demand job's time at the
-spot rate, the on-demand cost the same job at the on-demand rate. Both formulas assume
+card, the run billed as one stretch); the naive spot cost is B at the spot rate - the same job,
+saving on the same schedule, with no interruption (pricing it on the spec's own checkpoint
+schedule instead made the overhead negative whenever that saved more often than T: issue 40
+N20) - the on-demand cost the on-demand job (the spec's schedule) at the on-demand rate. Both formulas assume
 memoryless interruptions; published spot traces show early reclaims dominate (median life well
 under the mean) and a node's neighbours reclaimed within minutes (NOTES in docs/cost.md).
 """
@@ -155,7 +157,7 @@ def spot_quote(card: Card, count: int, *, terms: list[TimeTerm], steps: int,
     expected = base / (1 - hazard * lost) if finishes else None
     n_mean = hazard * expected if expected is not None else None
     job_s = sum(x.total.value for x in terms)
-    naive = billed_cents(card, count, job_s, p.spot_usd_per_hour)
+    naive = billed_cents(card, count, base, p.spot_usd_per_hour)  # B: the same schedule
     spread = [] if n_mean is None else [
         _outcome(card, count, q, poisson_quantile(n_mean, q), base, lost) for q in SPREAD]
     exp_cents = billed_cents(card, count, expected, p.spot_usd_per_hour) if finishes else None

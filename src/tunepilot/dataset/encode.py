@@ -129,6 +129,16 @@ def _tokenize(rows, fmt: Formatter, tok, files: DataFiles, data: DataSpec,
             if not all(text for text, _ in parts):
                 skipped += 1
                 continue
+            bad = next((t for t, _ in parts if not _is_unicode(t)), None)
+            if bad is not None:  # a lone surrogate ("\ud800" in the JSON): not text
+                if not data.skip_bad_rows:
+                    raise UserError("data.path", f"{files.name} row {number} holds a lone "
+                                    "surrogate (an escape such as \\ud800 with no pair): it "
+                                    "is not Unicode text and cannot be tokenized.",
+                                    "Fix the row, or set data.skip_bad_rows: true to skip "
+                                    "(and count) rows that cannot be used.")
+                skipped += 1
+                continue
             for text, sp in parts:  # a preference row: chosen, then rejected
                 texts.append(text)
                 spans.append(sp)
@@ -157,6 +167,18 @@ def _tokenize(rows, fmt: Formatter, tok, files: DataFiles, data: DataSpec,
     return Encoded(np.concatenate([ids[i] for i in keep]),
                    np.concatenate([trained[i] for i in keep]), offsets,
                    np.asarray([numbers[i] for i in keep], np.int64), skipped)
+
+
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` is Unicode text a tokenizer takes: JSON can spell a lone surrogate
+    (\\ud800), which Python keeps and UTF-8 (and the Rust tokenizers) cannot encode."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _mask(offsets, spans, n: int) -> np.ndarray:

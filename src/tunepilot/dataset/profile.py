@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tunepilot.errors import UserError
 from tunepilot.results.data import Batching, Bin, DataProfile, Lengths
 from tunepilot.results.figure import Figure
 from tunepilot.spec import RunSpec
@@ -42,6 +43,16 @@ def profile_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None
         full, sup, cached = np.full(n, S), np.full(n, S - 1), False
     if shape is None:
         trunc = np.minimum(full, S)
+    if not spec.objective.generative and len(sup) and int(sup.sum()) == 0:
+        cut = int((full > S).sum())
+        why = (f"{cut:,} of them are longer than it, and what is cut off is the part the loss "
+               "would train (the completions)" if cut else "every sample is too short to train "
+               "a token (a sample of n tokens trains its n - 1 next tokens)")
+        raise UserError("data", f"no token of the dataset's {len(full):,} samples is trained "
+                        f"within sequence_length {S} (train_on {spec.data.supervise}): {why}. "
+                        "A run of it learns nothing, and its cost per useful token is infinite.",
+                        "Raise sequence_length, shorten the prompts, or set data.train_on: all."
+                        if cut else "Check data.format and the field names.")
     rows = pack(trunc, S)
     row_len = np.asarray([trunc[r].sum() for r in rows], np.int64)
     row_sup = np.asarray([sup[r].sum() for r in rows], np.int64)

@@ -50,6 +50,18 @@ PAIRED_LOSSES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 """the DPO-family losses tunepilot's own step computes (training/step.py -> training/preference.py)"""
 
 
+# TRL 1.16's loss_type values per trainer (DPOConfig, GRPOConfig, KTOConfig, CPOConfig): a name
+# outside them is refused (TRL refuses it too); tunepilot's own step computes PAIRED_LOSSES
+TRL_LOSS_TYPES = {
+    "dpo": PAIRED_LOSSES + ("robust", "exo_pair", "nca_pair", "bco_pair", "sppo_hard", "aot",
+                            "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft",
+                            "sigmoid_norm"),
+    "grpo": ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"),
+    "kto": ("kto", "apo_zero_unpaired"),
+    "cpo": ("sigmoid", "hinge", "ipo", "simpo", "alphapo"),
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
@@ -163,13 +175,10 @@ class ObjectiveSpec(_Strict):
         if self.kind == "ppo" and self.generations != 1:
             raise ValueError("num_generations applies to grpo/rloo; ppo generates one "
                              "completion per prompt: remove it")
-        if self.paired and self.loss_type is not None and self.kind == "dpo" and \
-                self.loss_type not in PAIRED_LOSSES + ("robust", "exo_pair", "nca_pair",
-                                                       "bco_pair", "sppo_hard", "aot",
-                                                       "aot_unpaired", "apo_zero", "apo_down",
-                                                       "discopop", "sft", "sigmoid_norm"):
-            raise ValueError(f"loss_type {self.loss_type!r} is not one of TRL's DPO losses "
-                             f"({', '.join(PAIRED_LOSSES)}, robust, exo_pair, ...)")
+        known = TRL_LOSS_TYPES.get(self.kind)
+        if self.loss_type is not None and known and self.loss_type not in known:
+            raise ValueError(f"loss_type {self.loss_type!r} is not one of TRL's {self.kind} "
+                             f"losses ({', '.join(known[:8])}{', ...' if len(known) > 8 else ''})")
         return self
 
     @property

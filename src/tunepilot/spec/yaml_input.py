@@ -67,6 +67,21 @@ def parse_yaml_mapping(text: str, name: str, what: str = "spec") -> dict:
     return data
 
 
+def yaml_comment(text: str) -> str:
+    """``text`` as one YAML comment line: characters a YAML stream may not hold (NUL and other
+    controls, lone surrogates, BOMs) and line breaks - which would end the comment and start
+    YAML - escaped as \\xNN / \\uNNNN. For headers that quote user input (a path, a name)."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if code < 0x20 or code == 0x7F or 0x80 <= code < 0xA0 or code in (0x2028, 0x2029) or \
+                0xD800 <= code <= 0xDFFF or code in (0xFEFF, 0xFFFE, 0xFFFF):
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "# " + "".join(out)
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """SafeLoader that refuses more than MAX_NODES alias references (billion laughs), and reads
     1e-3 as a number as YAML 1.2 does (PyYAML's 1.1 rules make it a string)."""

@@ -61,8 +61,9 @@ def render_catalog_import(result, out) -> None:
     if len(result.unknown) > UNKNOWN_ACCELERATORS_SHOWN:
         console.print(f"... and {len(result.unknown) - UNKNOWN_ACCELERATORS_SHOWN:,} more "
                       "unknown accelerators (--json lists them all)")
-    console.print(f"{result.rows} rows read, {result.skipped_rows} skipped (no accelerator or no "
-                  f"price); wrote {escape(str(out))}: pass it as --catalog")
+    console.print(f"{result.rows} rows read, {result.skipped_rows} skipped (no accelerator, no "
+                  "price, or a count its GpuInfo contradicts); wrote "
+                  f"{escape(str(out))}: pass it as --catalog")
 
 
 def render_launch(plan) -> None:

@@ -287,6 +287,7 @@ def write_spec(result: ImportResult, out: Path) -> None:
     made relative to ``out``'s directory."""
     import yaml
 
+    from tunepilot.spec.yaml_input import yaml_comment
     from tunepilot.store import atomic_write_bytes
 
     spec = dict(result.spec_dict)
@@ -306,23 +307,9 @@ def write_spec(result: ImportResult, out: Path) -> None:
     if result.ignored:
         head.append("ignored (not modelled): " + ", ".join(result.ignored))
     body = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
-    text = "".join(f"# {_comment(line)}\n" for line in head) + body
+    text = "".join(yaml_comment(line) + "\n" for line in head) + body
     _check_written(text, spec, out)
     atomic_write_bytes(out, text.encode("utf-8"))
-
-
-def _comment(text: str) -> str:
-    """One comment line: characters YAML does not allow in a stream (NUL, other controls, lone
-    surrogates) and line breaks, which would end the comment, escaped as \\xNN / \\uNNNN."""
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if code < 0x20 or code == 0x7F or 0x80 <= code < 0xA0 or code in (0x2028, 0x2029) or \
-                0xD800 <= code <= 0xDFFF or code in (0xFEFF, 0xFFFE, 0xFFFF):
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def _check_written(text: str, spec: dict, out: Path) -> None:

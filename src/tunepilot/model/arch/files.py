@@ -75,9 +75,17 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return _read_json(file, "model.config")
 
 
+_MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KiB (a tokenizer's vocab is elsewhere)
+
+
 def _read_json(file: Path, field: str) -> dict[str, Any]:
+    from tunepilot.limits import Refused, read_capped
+
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(read_capped(file, _MAX_CONFIG_BYTES).decode("utf-8"))
+    except Refused as exc:
+        raise SpecError(field=field, message=f"{str(file)!r} {exc}.",
+                        hint="A Hugging Face config.json is a small JSON file.") from None
     except json.JSONDecodeError as exc:
         raise SpecError(
             field=field,

@@ -278,7 +278,8 @@ def read_arch(cfg: dict[str, Any]) -> Arch:
     model_vectors = [norm_size]  # the final norm
     window, sliding = _sliding(cv, text_type, d.layers)
     meta = cfg.get(META_KEY) or {}
-    max_pos = cv.optional("max_position_embeddings") or cv.optional("n_positions")
+    max_pos = cv.optional("max_position_embeddings", minimum=2) or \
+        cv.optional("n_positions", minimum=2)  # a context of one position is no model
     k = moe.experts_per_token if moe else 1
     return Arch(
         model_type=model_type, family="mla" if r.attention == "mla" else {

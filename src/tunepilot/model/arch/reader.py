@@ -53,8 +53,9 @@ class ConfigView:
             if default is None:
                 return self.need(key)
             return default
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) \
-                or not minimum <= value < 2**40:
+        # the range first: NaN and infinity fail it before int() could raise on them
+        if isinstance(value, bool) or not isinstance(value, int | float) or \
+                not minimum <= value < 2**40 or value != int(value):
             self.refuse(key, f"is {repr(value)[:40]}, not a whole number of at least {minimum}")
         return int(value)
 
