@@ -38,6 +38,7 @@ from pydantic import (
 from tunepilot.errors import UserError
 from tunepilot.limits import MAX_CARDS, MAX_MEMORY_GB, MAX_TERM_HOURS, MAX_TFLOPS, MAX_USD
 from tunepilot.resources import CATALOG_YAML
+from tunepilot.units import cents_to_usd  # noqa: F401 - the one cents_to_usd, re-exported
 
 DEFAULT_CATALOG_PATH = CATALOG_YAML
 SCHEMA_VERSION = 1
@@ -106,11 +107,6 @@ def usd_to_cents(usd: Decimal, *, rounding: str | None = None) -> int:
     if rounding is None and whole != cents:
         raise ValueError(f"{usd} USD is not a whole number of cents; pass rounding= to round it")
     return int(whole)
-
-
-def cents_to_usd(cents: int) -> Decimal:
-    """``cents`` as a Decimal USD amount with two places (249 -> Decimal('2.49'))."""
-    return Decimal(int(cents)).scaleb(-2)
 
 
 def _tera(value: float) -> float:
@@ -541,7 +537,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if path != DEFAULT_CATALOG_PATH:  # a user's file: size, aliases and nesting bounded
         from tunepilot.spec.yaml_input import read_yaml_mapping
 
-        return read_yaml_mapping(path, what="catalog")
+        try:
+            return read_yaml_mapping(path, what="catalog")
+        except UserError as exc:  # the same words, naming the catalog
+            raise UserError("catalog", exc.message, exc.hint) from None
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
