@@ -46,7 +46,8 @@ def _state(tmp: Path):
     from tunepilot.dataset import DataStream, build_dataset, make_loader
     from tunepilot.model.build import build_model
     from tunepilot.spec import spec_from_dict
-    from tunepilot.training.step import make_state, train_step
+    from tunepilot.training.build import make_state
+    from tunepilot.training.step import train_step
 
     cfg_path = tmp / "config.json"
     cfg_path.write_text(json.dumps(CONFIG))

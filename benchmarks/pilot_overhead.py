@@ -51,7 +51,8 @@ def main() -> int:
     from tunepilot.pilot.stats import StopRule
     from tunepilot.pilot.steps import InstrumentedStep
     from tunepilot.spec import load_spec
-    from tunepilot.training.step import make_state, train_step
+    from tunepilot.training.build import make_state
+    from tunepilot.training.step import train_step
 
     spec = load_spec(args.spec)
     info = probe_device(device=args.device)

@@ -88,7 +88,8 @@ def pilot_step_peak(spec, device: str) -> dict:
     """Step 2 of tunepilot.training.step.train_step on `device`: the caching allocator's peaks."""
     import torch
 
-    from tunepilot.training.step import build_run, train_step
+    from tunepilot.training.build import build_run
+    from tunepilot.training.step import train_step
 
     state = build_run(spec, device, total_steps=2, data=False).state
     model = state.model

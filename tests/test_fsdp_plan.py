@@ -57,7 +57,8 @@ def test_litgpt_keeps_every_chunk_of_its_loss_and_tunepilots_chunked_loss_does_n
 def test_litgpt_loss_is_what_the_step_runs_and_matches_plain_cross_entropy():
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from tunepilot.training.step import build_run, compute_loss
+    from tunepilot.training.build import build_run
+    from tunepilot.training.step import compute_loss
 
     lit = spec_from_dict({"model": {"preset": "tiny", "implementation": "litgpt"},
                           "method": {"kind": "full"}, "precision": "fp32",

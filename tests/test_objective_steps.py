@@ -17,7 +17,8 @@ from tunepilot.pilot.runner import PilotOptions, run_pilot
 from tunepilot.plan.analytic.core import analytic_plan, workspace_bytes
 from tunepilot.plan.trace.step import trace_step
 from tunepilot.spec import spec_from_dict
-from tunepilot.training.step import build_run, train_step
+from tunepilot.training.build import build_run
+from tunepilot.training.step import train_step
 
 DPO = {"model": {"preset": "tiny"}, "method": {"kind": "lora"}, "precision": "fp32",
        "sequence_length": 256, "micro_batch_size": 4, "gradient_accumulation_steps": 2,

@@ -469,7 +469,7 @@ def make_sampler(info: DeviceInfo, baselines: dict[str, int] | None = None
         return MemorySampler("rss", lambda: proc.memory_info().rss)
     if info.kind == "cuda":
         nvml = _nvml()
-        uuid = info.uuids[0] if info.uuids else None
+        uuid = own_uuid(info)
         handle = _nvml_handle(nvml, uuid) if nvml is not None else None
         if handle is None:
             return None
@@ -486,6 +486,16 @@ def make_sampler(info: DeviceInfo, baselines: dict[str, int] | None = None
                              lambda: int(smi.amdsmi_get_gpu_memory_usage(handle, vram)))
     except Exception:
         return None
+
+
+def own_uuid(info: DeviceInfo) -> str | None:
+    """The UUID of the device this process runs on (cuda:N: the N-th visible one; a rank of a
+    sharded pilot is not on cuda:0)."""
+    try:
+        idx = int(str(info.torch_device).split(":")[1])
+    except (IndexError, ValueError):
+        idx = 0
+    return info.uuids[idx] if len(info.uuids) > idx else (info.uuids[0] if info.uuids else None)
 
 
 def _reset_hwm() -> bool:

@@ -41,8 +41,8 @@ def worker(work: Path) -> None:
 
     from tunepilot.checkpoint import save_checkpoint
     from tunepilot.restore.worker import train
-    from tunepilot.scaling.worker import init_group, wrap
-    from tunepilot.training.step import build_run
+    from tunepilot.scaling.worker import init_group, placement
+    from tunepilot.training.build import build_run
 
     rank, _, device = init_group("cpu", 1)
     (work / f"pid.rank{rank}").write_text(str(os.getpid()))
@@ -52,7 +52,7 @@ def worker(work: Path) -> None:
     spec = box[0]
     run = build_run(spec, device, total_steps=1000, rank=rank,
                     world_size=dist.get_world_size(),
-                    prepare=lambda mod: wrap(mod, "fsdp", spec, device, None))
+                    **placement("fsdp", spec, device))
     for i in range(1, 200):
         train(run.state, run.stream, spec, 1)
         save_checkpoint(work / "ckpt" / "latest", run.state, run.stream, spec)

@@ -82,43 +82,89 @@ def _scale_rope(cfg: dict, factor: float) -> None:
 
 def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: Path | None = None,
                 config: dict | None = None) -> torch.nn.Module:
-    """The spec's model on `device` ("meta" builds without allocating), seeded by spec.seed."""
+    """The spec's model on `device` ("meta" builds without allocating), materialised whole:
+    built on the meta device, then every module initialised on `device` (seeded per module:
+    model/materialize.py) or read from `model.weights` a tensor at a time."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     if spec.method.kind == "qlora":
         return _build_qlora(spec, device, base_dir, config)
-    hf = hf_config(spec, base_dir, config)
-    dtype = torch_dtype(parameter_dtype(spec))
+    if str(device) == "meta":
+        return _build_on_meta(spec, base_dir, config)
+    model = build_meta_model(spec, base_dir, config)
+    materializer(model, spec, device, base_dir)(model)
     torch.manual_seed(spec.seed)
-    if spec.model.weights != "random":
-        path = Path(spec.model.weights)
-        if not path.is_absolute() and base_dir is not None and not path.exists():
-            path = base_dir / path
-        if not (path / "config.json").exists():
-            raise UserError("model.weights", f"{str(path)!r} is not a local Hugging Face "
-                            "checkpoint directory (no config.json).",
-                            "Use 'random' or the path of a directory saved by save_pretrained().")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention_impl(spec),
-                                                     local_files_only=True)
-        model.to(device)
-    elif spec.model.task == "sequence-classification":
+    return model
+
+
+def _build_on_meta(spec: RunSpec, base_dir: Path | None, config: dict | None):
+    """Everything on meta, buffers too (the trace turns them into fake tensors)."""
+    import torch
+
+    with torch.device("meta"):
+        model = _from_config(spec, hf_config(spec, base_dir, config))
+    return _finish(spec, model)
+
+
+def build_meta_model(spec: RunSpec, base_dir: Path | None = None, config: dict | None = None):
+    """The spec's model - LoRA adapters, activation checkpointing - with every parameter on the
+    meta device (no bytes) and its buffers as the model's code computes them; materialise it
+    with ``materializer`` (whole, or one FSDP unit at a time: model/shard.py)."""
+    from tunepilot.model.materialize import parameters_on_meta
+
+    hf = hf_config(spec, base_dir, config)
+    weights_path(spec, base_dir)  # a bad path fails before anything is built
+    with parameters_on_meta():
+        model = _from_config(spec, hf)
+        return _finish(spec, model)
+
+
+def _from_config(spec: RunSpec, hf, dtype=None):
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or torch_dtype(parameter_dtype(spec))
+    if spec.model.task == "sequence-classification":
         from transformers import AutoModelForSequenceClassification
 
         hf.num_labels = spec.model.num_labels
         if getattr(hf, "pad_token_id", None) is None:
             hf.pad_token_id = 0  # the head pools the last non-pad token: it needs one
-        with torch.device(device):
-            model = AutoModelForSequenceClassification.from_config(
-                hf, attn_implementation=attention_impl(spec), dtype=dtype)
-    else:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(hf, attn_implementation=attention_impl(spec), dtype=dtype)
+        return AutoModelForSequenceClassification.from_config(
+            hf, attn_implementation=attention_impl(spec), dtype=dtype)
+    return AutoModelForCausalLM.from_config(hf, attn_implementation=attention_impl(spec),
+                                            dtype=dtype)
+
+
+def _finish(spec: RunSpec, model):
     model.config.use_cache = False
     if spec.method.is_lora:
         model = apply_lora(spec, model)
     apply_checkpointing(spec, model)
     return model
+
+
+def weights_path(spec: RunSpec, base_dir: Path | None) -> Path | None:
+    """The local checkpoint directory model.weights names (None: random weights)."""
+    if spec.model.weights == "random":
+        return None
+    path = Path(spec.model.weights)
+    if not path.is_absolute() and base_dir is not None and not path.exists():
+        path = base_dir / path
+    if not (path / "config.json").exists():
+        raise UserError("model.weights", f"{str(path)!r} is not a local Hugging Face "
+                        "checkpoint directory (no config.json).",
+                        "Use 'random' or the path of a directory saved by save_pretrained().")
+    return path
+
+
+def materializer(model, spec: RunSpec, device, base_dir: Path | None = None):
+    """What fills a meta model on `device`: seeded random init, or `model.weights` read a
+    tensor at a time (model/materialize.py)."""
+    from tunepilot.model.materialize import Materializer, SafetensorsWeights
+
+    path = weights_path(spec, base_dir)
+    return Materializer(model, spec.seed, device,
+                        SafetensorsWeights(path) if path is not None else None)
 
 
 def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
@@ -232,8 +278,7 @@ def apply_checkpointing(spec: RunSpec, model: torch.nn.Module) -> None:
     target.train()
 
 
-def _build_qlora(spec: RunSpec, device, base_dir, config) -> torch.nn.Module:
-    """QLoRA: bitsandbytes NF4 linears (CUDA only), bf16 compute, LoRA on top."""
+def _check_qlora(spec: RunSpec, device) -> None:
     import importlib.util
 
     import torch
@@ -243,40 +288,73 @@ def _build_qlora(spec: RunSpec, device, base_dir, config) -> torch.nn.Module:
         raise UserError("method.kind", "qlora needs bitsandbytes and a CUDA device, which this "
                         "machine does not have.",
                         "Plan it here (`tunepilot plan` models the NF4 base), pilot it on the GPU "
-                        "you intend to rent, or use kind: lora for a CPU pilot.")
-    import bitsandbytes as bnb
-    from transformers import AutoModelForCausalLM
+                        "you intend to rent (pip install bitsandbytes), or use kind: lora for a "
+                        "CPU pilot.")
 
-    if spec.model.weights != "random":
-        raise UserError("model.weights", "the QLoRA pilot quantizes a randomly initialised base "
-                        "(memory and speed do not depend on the values); it does not load "
-                        "checkpoints.", "Set model.weights: random for the pilot.")
+
+def _build_qlora(spec: RunSpec, device, base_dir, config) -> torch.nn.Module:
+    """QLoRA, whole on one device: bitsandbytes NF4 linears (CUDA only) packed in
+    method.quant_storage's dtype, bf16 compute, LoRA on top - built on meta and quantised a
+    module at a time on the device (the host never holds the bf16 model)."""
+    import torch
+
+    model = build_qlora_meta_model(spec, device, base_dir, config)
+    materializer(model, spec, device, base_dir)(model)
+    torch.manual_seed(spec.seed)
+    return model
+
+
+def build_qlora_meta_model(spec: RunSpec, device, base_dir, config) -> torch.nn.Module:
+    """The QLoRA model on meta: every linear bitsandbytes quantizes is a Linear4bit whose
+    Params4bit packs its codes in ``spec.quant_storage_dtype`` (bnb_4bit_quant_storage: bf16
+    lets FSDP flatten and shard it beside the bf16 norms); Materializer quantizes each on the
+    device from a seeded (or checkpoint) bf16 weight."""
+    _check_qlora(spec, device)
+    import bitsandbytes as bnb
+    import torch
+
+    from tunepilot.model.materialize import parameters_on_meta
 
     hf = hf_config(spec, base_dir, config)
-    torch.manual_seed(spec.seed)
-    with torch.device("cpu"):
-        model = AutoModelForCausalLM.from_config(hf, attn_implementation=attention_impl(spec),
-                                                 dtype=torch.bfloat16)
+    weights_path(spec, base_dir)
+    storage = {"uint8": torch.uint8, "bf16": torch.bfloat16, "fp16": torch.float16,
+               "fp32": torch.float32}[spec.quant_storage_dtype]
     skip = set() if spec.method.quantize_lm_head else {"lm_head"}
+    with parameters_on_meta():
+        model = _from_config(spec, hf, torch.bfloat16)
     for _, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear) and child_name not in skip:
                 q = bnb.nn.Linear4bit(child.in_features, child.out_features,
                                       bias=child.bias is not None, compute_dtype=torch.bfloat16,
-                                      quant_type="nf4",
-                                      compress_statistics=spec.method.double_quant)
-                q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False,
-                                             quant_type="nf4",
-                                             compress_statistics=spec.method.double_quant)
-                if child.bias is not None:
-                    q.bias = child.bias
+                                      quant_type="nf4", quant_storage=storage,
+                                      compress_statistics=spec.method.double_quant,
+                                      device="meta")
                 setattr(module, child_name, q)
-    model.to(device)  # quantizes the Params4bit on the move to CUDA
     for p in model.parameters():
         p.requires_grad_(False)
     model.config.use_cache = False
     model = apply_lora(spec, model)
     apply_checkpointing(spec, model)
+    return model
+
+
+def build_sharded_model(spec: RunSpec, device, *, mesh=None, offload: bool = False,
+                        base_dir: Path | None = None, config: dict | None = None):
+    """The spec's model sharded with FSDP (model/shard.py) as it is materialised: built on the
+    meta device, then each unit - a decoder layer, then the root - materialised whole on
+    `device` (seeded init, or its tensors read from model.weights) and sharded before the next,
+    so this rank never holds more than its shards plus one unsharded unit."""
+    import torch
+
+    from tunepilot.model.shard import shard_model
+
+    model = build_qlora_meta_model(spec, device, base_dir, config) \
+        if spec.method.kind == "qlora" else build_meta_model(spec, base_dir, config)
+    fill = materializer(model, spec, device, base_dir)
+    model = shard_model(model, spec, mesh=mesh, device=torch.device(device), offload=offload,
+                        materialize=fill)
+    torch.manual_seed(spec.seed)
     return model
 
 

@@ -40,14 +40,20 @@ def decoder_layers(model) -> list:
     return []
 
 
-def shard_model(model, spec, *, mesh=None, device=None, offload: bool = False):
+def shard_model(model, spec, *, mesh=None, device=None, offload: bool = False,
+                materialize=None):
     """`model` sharded as the spec's parallel.fsdp_version does it (FSDP2 in place; FSDP1 returns
     the wrapper). `mesh`: the 1-D device mesh (default: the whole default process group);
-    `device`: FSDP1's device_id; `offload`: CPU offload of the sharded states."""
+    `device`: FSDP1's device_id; `offload`: CPU offload of the sharded states.
+
+    `materialize` (model/materialize.Materializer): the model is on the meta device and each
+    unit is materialised whole just before it is sharded - a decoder layer, then the root's
+    remaining modules - so a rank holds its shards plus one unsharded unit, never the model
+    (FSDP1: its param_init_fn, called per unit before the unit is flattened)."""
     import torch
 
     if spec.parallel.fsdp_version == 1:
-        return _fsdp1(model, spec, mesh, device, offload)
+        return _fsdp1(model, spec, mesh, device, offload, materialize)
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,
         MixedPrecisionPolicy,
@@ -61,7 +67,11 @@ def shard_model(model, spec, *, mesh=None, device=None, offload: bool = False):
     kw = {"mesh": mesh, "reshard_after_forward": spec.parallel.reshard_after_forward,
           "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(), "mp_policy": mp}
     for layer in decoder_layers(model):
+        if materialize is not None:
+            materialize(layer)
         fully_shard(layer, **kw)
+    if materialize is not None:
+        materialize(model)
     fully_shard(model, **kw)
     return model
 
@@ -79,7 +89,7 @@ def compute_dtype(spec):
 
 
 
-def _fsdp1(model, spec, mesh, device, offload: bool):
+def _fsdp1(model, spec, mesh, device, offload: bool, materialize=None):
     from torch.distributed.fsdp import (
         BackwardPrefetch,
         CPUOffload,
@@ -113,5 +123,5 @@ def _fsdp1(model, spec, mesh, device, offload: bool):
     return FSDP(model, auto_wrap_policy=policy, sharding_strategy=strategy, mixed_precision=mp,
                 backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
                 cpu_offload=CPUOffload(offload_params=True) if offload else None,
-                device_id=device, use_orig_params=False,
+                device_id=device, use_orig_params=False, param_init_fn=materialize,
                 process_group=mesh.get_group() if mesh is not None else None)

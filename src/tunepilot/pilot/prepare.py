@@ -23,7 +23,7 @@ PLAN_MARGIN = 1.10
 def needs_bitsandbytes(spec: RunSpec) -> bool:
     """QLoRA and every 8-bit or paged optimizer need bitsandbytes (the one rule, used by the
     device probe, the pilot's preflight and the ROCm check)."""
-    from tunepilot.training.step import BNB_OPTIMIZERS
+    from tunepilot.training.build import BNB_OPTIMIZERS
 
     return spec.method.kind == "qlora" or spec.optimizer.name in BNB_OPTIMIZERS
 

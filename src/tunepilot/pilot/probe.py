@@ -21,7 +21,7 @@ from tunepilot.pilot.steps import (
 )
 from tunepilot.plan.search import largest_passing
 from tunepilot.plan.trace.tracker import StorageTracker, state_tensors, tensor_bytes
-from tunepilot.training.step import make_state
+from tunepilot.training.build import make_state
 
 MAX_SEARCH_MICRO_BATCH = 4096  # --find-max-batch stops doubling here
 CPU_SEARCH_RAM_FRACTION = 0.8  # on CPU the search caps tensors at 80% of free RAM: the OS

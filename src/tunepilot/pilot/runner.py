@@ -1,7 +1,7 @@
 """The pilot: real training steps of the run on the local device, worst case first.
 
     probe device -> check the plan against the device's memory -> plan (analytic, for the
-    residuals) -> data (longest batch) -> build the run (tunepilot.training.step.build_run)
+    residuals) -> data (longest batch) -> build the run (tunepilot.training.build.build_run)
     -> warm-up: 2 full steps on the longest batch (step 1 creates the optimizer state; step 2,
        the steady state the plan describes, runs under the tensor tracker: memory by component)
     -> measured steps on real batches until the 95% CI of the mean step time is under 2%
@@ -40,7 +40,8 @@ from tunepilot.plan.trace.tracker import StorageTracker, state_tensors
 from tunepilot.results.pilot import PilotResult
 from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir, default_run_dir
-from tunepilot.training.step import build_run, evaluate
+from tunepilot.training.build import build_run
+from tunepilot.training.step import evaluate
 
 WARMUP_STEPS = 2  # step 1 creates the optimizer state; step 2 is the steady state (plan = step 2+)
 
@@ -121,7 +122,7 @@ def _execute(s: Session) -> None:
 
 
 def _build(s: Session) -> None:
-    """The model, optimizer, scheduler and data stream (tunepilot.training.step.build_run)."""
+    """The model, optimizer, scheduler and data stream (tunepilot.training.build.build_run)."""
     s.progress("load model", 0, None)
     if s.gpu:
         torch.cuda.reset_peak_memory_stats()

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tunepilot.pilot.steps import InstrumentedStep, StepMemory
     from tunepilot.results.plan import MemoryPlan
     from tunepilot.spec import RunSpec
-    from tunepilot.training.step import Run
+    from tunepilot.training.build import Run
 
 Progress = Callable[[str, int, int | None], None]
 DEFAULT_MAX_STEPS = 100

@@ -202,8 +202,8 @@ def rank_main(job: ShardedJob) -> ProcessReport:
     from tunepilot.proc.child import write_message
     from tunepilot.restore.messages import DeterminismReport
     from tunepilot.restore.worker import deterministic, seed_everything, state_digest, train
-    from tunepilot.scaling.worker import init_group, wrap
-    from tunepilot.training.step import build_run
+    from tunepilot.scaling.worker import init_group, placement
+    from tunepilot.training.build import build_run
 
     rank, _, device = init_group(job.device, job.threads)
     world = dist.get_world_size()
@@ -216,7 +216,7 @@ def rank_main(job: ShardedJob) -> ProcessReport:
         run = build_run(spec, device, total_steps=k + m,
                         base_dir=Path(job.base_dir) if job.base_dir else None,
                         rank=rank, world_size=world,
-                        prepare=lambda mod: wrap(mod, job.strategy, spec, device, None))
+                        **placement(job.strategy, spec, device))
         state, stream = run.state, run.stream
         if job.role == "original":
             train(state, stream, spec, k, accumulation=job.accumulation)

@@ -40,7 +40,7 @@ _NONDETERMINISTIC_WARNING = "does not have a deterministic implementation"
 
 def build(spec: RunSpec, total_steps: int, base_dir: Path | None, device: str, **kwargs):
     """(training state, data stream) of the spec, as every stage builds them."""
-    from tunepilot.training.step import build_run
+    from tunepilot.training.build import build_run
 
     run = build_run(spec, device, total_steps=total_steps, base_dir=base_dir, **kwargs)
     return run.state, run.stream

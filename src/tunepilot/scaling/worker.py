@@ -118,8 +118,22 @@ def wrap(model, strategy: str, spec, device, timer: CommTimer | None):
         return ddp, ddp.no_sync
     from tunepilot.model.shard import shard_model
 
-    offload = spec.parallel.cpu_offload and device.type == "cuda"  # nothing to offload from on CPU
-    return shard_model(model, spec, device=device, offload=offload), None
+    return shard_model(model, spec, device=device, offload=_offload(spec, device)), None
+
+
+def _offload(spec, device) -> bool:
+    return spec.parallel.cpu_offload and device.type == "cuda"  # nothing to offload from on CPU
+
+
+def placement(strategy: str, spec, device, timer: CommTimer | None = None) -> dict:
+    """build_run's keywords for the strategy: FSDP builds the model on meta and shards each unit
+    as it is materialised (training/build.py: no rank holds the whole model); DDP and the
+    single rank build it whole and wrap it."""
+    if strategy == "fsdp":
+        from tunepilot.training.build import Shard
+
+        return {"shard": Shard(offload=_offload(spec, device))}
+    return {"prepare": lambda m: wrap(m, strategy, spec, device, timer)}
 
 
 class MemoryWatch:
@@ -219,7 +233,8 @@ def run(job: ScaleJob) -> RankRecord:
 
     from tunepilot.proc.child import call_hook
     from tunepilot.spec import spec_from_dict
-    from tunepilot.training.step import build_run, train_step
+    from tunepilot.training.build import build_run
+    from tunepilot.training.step import train_step
 
     rank, local_rank, device = init_group(job.device, job.threads)
     world = dist.get_world_size()
@@ -236,7 +251,7 @@ def run(job: ScaleJob) -> RankRecord:
     run_ = build_run(spec, device, total_steps=job.warmup_steps + job.steps,
                      base_dir=Path(job.base_dir) if job.base_dir else None,
                      rank=rank, world_size=world, micro_batch_size=job.micro_batch,
-                     prepare=lambda m: wrap(m, job.strategy, spec, device, timer))
+                     **placement(job.strategy, spec, device, timer))
     state, stream = run_.state, run_.stream
     params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                        for p in state.model.parameters())

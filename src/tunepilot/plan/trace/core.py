@@ -1,7 +1,7 @@
 """The traced memory plan: the spec's real training step, run on fake tensors on a CPU.
 
 `make_traced_plan` builds the user's run (transformers + PEFT, as the pilot builds it, with
-tunepilot.training.step.build_run) on the meta device, turns every parameter and buffer into a fake
+tunepilot.training.build.build_run) on the meta device, turns every parameter and buffer into a fake
 CPU tensor (FakeTensorMode: shapes, dtypes and aliasing, no data) and runs two optimizer steps of
 tunepilot.training.step's step - forward_loss, backward, update (clip, step, zero_grad, schedule) -
 under `StorageTracker` (plan/trace/tracker.py). The peak of step 2 counts: optimizer state exists

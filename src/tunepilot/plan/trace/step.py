@@ -94,7 +94,7 @@ def _optimizer_factory(t: _Traced, stack: str):
     bitsandbytes optimizers as a stand-in holding the same state."""
     from tunepilot.model.build import trainable_parameters
     from tunepilot.model.flops import default_optimizer_impl
-    from tunepilot.training.step import build_optimizer
+    from tunepilot.training.build import build_optimizer
 
     o = t.spec.optimizer
     if o.name in BNB_BITS:
@@ -118,7 +118,7 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
     real tensors on `device`; QLoRA's linears as NF4 stand-ins."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tunepilot.training.step import build_run
+    from tunepilot.training.build import build_run
 
     dev = torch.device("cpu" if fake else device)
     t = _Traced(spec, None, StorageTracker(log_events=True), dev,
