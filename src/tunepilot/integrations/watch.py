@@ -5,7 +5,12 @@ The command runs in its own session (process group). Every ``interval_s`` the tr
 (psutil): resident memory per process and for the tree, CPU time per process (kept for processes
 that have exited), device memory per process and device-wide (NVML; amdsmi device-wide only).
 SIGINT/SIGTERM sent to `watch` are forwarded to the whole group; when the command ends, anything
-it left running in its group is terminated (then killed after a grace period): no orphans.
+it left running - in its group, or anywhere below it - is terminated (then killed after a grace
+period): no orphans. `watch` is a child subreaper while the command runs (a grandchild that
+`setsid`s and loses its parent is re-parented to `watch`, so it is still sampled and torn down),
+and if `watch` itself is killed (even with SIGKILL) proc/spawn.py's sentinel ends the command,
+everything it recorded below it and every process carrying its token - see proc/spawn.py for
+what Linux cannot cover without a cgroup.
 
 When TunepilotCallback runs inside the command it writes its own pilot.json into DIR (pass the
 same directory as its out_dir, or let watch tell it through $TUNEPILOT_WATCH_DIR) and marks its
@@ -43,10 +48,8 @@ M = Figure.measured
 class _Tree:
     """The peaks of a process tree, sampled."""
 
-    def __init__(self, root_pid: int):
-        import psutil
-
-        self.root = psutil.Process(root_pid)
+    def __init__(self, spawned: Spawned):
+        self.spawned = spawned
         self.seen: dict[int, dict] = {}
         self.peak_tree_rss = 0
         self.peak_rss: dict[int, int] = {}
@@ -62,10 +65,7 @@ class _Tree:
     def sample(self) -> None:
         import psutil
 
-        try:
-            procs = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return
+        procs = self.spawned.tree()
         total = 0
         for p in procs:
             try:
@@ -120,7 +120,7 @@ def watch_command(cmd: list[str], out: Path | str, *, spec=None, interval_s: flo
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a parent may have blocked them
     try:
         started.append(Spawned(cmd, env=env, reaper=True, grace_s=GRACE_S,
-                               preexec=_unblock_signals))
+                               preexec=_unblock_signals, subreaper=True))
     except OSError as exc:
         for s, h in old.items():
             signal.signal(s, h)
@@ -129,7 +129,7 @@ def watch_command(cmd: list[str], out: Path | str, *, spec=None, interval_s: flo
     child = started[0]
     if got_signal:
         child.signal_group(got_signal[0])
-    tree = _Tree(child.pid)
+    tree = _Tree(child)
     try:
         while child.running():
             tree.sample()
@@ -139,7 +139,7 @@ def watch_command(cmd: list[str], out: Path | str, *, spec=None, interval_s: flo
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        leftovers = child.teardown()  # whatever the command left running in its group
+        leftovers = child.teardown()  # whatever the command left running below it
     wall = time.perf_counter() - t0
     code = child.returncode
     watched = Watched(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,7 +223,9 @@ def submit(via: str, path: Path) -> str:
         raise UserError("--submit", f"{exe} is not installed here.",
                         f"Install it, or submit {path} yourself.")
     cmd = [exe, "launch", "-y", str(path)] if via == "skypilot" else [exe, str(path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    from tunepilot.proc.spawn import run_tool
+
+    proc = run_tool(cmd, capture_output=True, text=True, timeout_s=None)  # dies with tunepilot
     if proc.returncode:
         raise UserError("--submit", f"{' '.join(cmd)} failed (exit {proc.returncode}): "
                         f"{(proc.stderr or proc.stdout).strip()[-300:]}")

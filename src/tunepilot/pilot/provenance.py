@@ -44,10 +44,12 @@ def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def git_state(cwd: Path) -> dict | None:
     """{"commit", "dirty", "root"} of the git repository containing `cwd`, or None."""
+    from tunepilot.proc.spawn import run_tool
+
     def git(*args: str) -> str | None:
         try:
-            r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                               timeout=GIT_TIMEOUT_S, check=False)
+            r = run_tool(["git", *args], cwd=cwd, capture_output=True, text=True,
+                         timeout_s=GIT_TIMEOUT_S, check=False)
         except (OSError, subprocess.SubprocessError):
             return None
         return r.stdout.strip() if r.returncode == 0 else None

@@ -166,10 +166,12 @@ def _smi_index_by_pci() -> dict[str, int]:
     """PCI address ('0000:18:00.0') -> nvidia-smi's GPU index ({} without nvidia-smi)."""
     if shutil.which("nvidia-smi") is None:
         return {}
+    from tunepilot.proc.spawn import run_tool
+
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,pci.bus_id",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=SMI_TIMEOUT_S)
+        out = run_tool(["nvidia-smi", "--query-gpu=index,pci.bus_id",
+                        "--format=csv,noheader"], capture_output=True, text=True,
+                       timeout_s=SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     found = {}
@@ -239,8 +241,10 @@ def read_topology(kind: str) -> Topology:
                 return topology_from_nvml(*handles)
     if shutil.which(tool[0]) is None:
         return no_topology(f"{tool[0]} is not on PATH: topology unknown")
+    from tunepilot.proc.spawn import run_tool
+
     try:
-        out = subprocess.run(tool, capture_output=True, text=True, timeout=SMI_TIMEOUT_S)
+        out = run_tool(tool, capture_output=True, text=True, timeout_s=SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return no_topology(f"{' '.join(tool)} failed: {exc}")
     if out.returncode != 0:
