@@ -4,20 +4,25 @@ on the runs of held-out publications - bf16 and FP8 apart - beside the error on 
 model was fit on.
 
 projected per GPU = MFU (cost/calibration.py estimate_setting: the run's cell, fitted on the runs
-of the publications not held out, x its checkpointing, compile, card and scaling factors) x the
+of the publications not held out, x its checkpointing, compile, card, scaling, width, pipeline
+bubble and FP8-attention factors) x the
 card's dense peak at the run's precision / FLOPs per token (model/flops.py) - the functions the
 quote uses. Every run is projected (no refusals; a run whose cell has no fitted run goes through
 the conversions the quote would use). Held out by publication: every row of a publication whose
 name's sha256 is 0 modulo 3 (cost/runs.py held_out_publication), fixed before any fit; no factor
 rests on one of their rows (tests/test_time_model.py). --splits also refits with the rule's
-other two residues held out and prints their medians. Published rows the model cannot project
+other two residues held out (the cells and the width constant) and prints their medians. Published rows the model cannot project
 (cards outside the catalog, models that are not presets) are listed after the table with why.
 Printed, not asserted.
 
 After the table, the RL step rows (benchmarks/rl_steps.py: published GRPO / PPO step times against
 the RL step model) with their own held-out median.
 
+--fit-width refits the width model's constant (throughput_model.yaml width) on the runs not
+held out and prints it.
+
 Run:  PYTHONPATH=src .venv/bin/python benchmarks/throughput_accuracy.py [--json] [--splits]
+      [--fit-width]
 """
 
 from __future__ import annotations
@@ -84,21 +89,27 @@ def all_rows() -> list[dict]:
 
 
 def other_splits() -> dict:
-    """The same rule with its other two residues held out, refitted. The factors of the data
-    files (card, compile, node scaling) stay as they are: under another split some of them rest
-    on rows it holds out, so these medians are an upper bound on how well a split does."""
+    """The same rule with its other two residues held out, refitted: the cells and the width
+    model's constant on each split's runs. The factors of the data files (card, compile, card
+    generation, node scaling) stay as they are: under another split some of them rest on rows
+    it holds out, so these medians are better than a split refitted in full would score."""
     from tunepilot.cost import calibration, runs
 
     out, original = {}, runs.HELD_OUT_RESIDUE
     try:
         for residue in range(1, runs.HELD_OUT_MODULUS):
             runs.HELD_OUT_RESIDUE = residue
-            calibration.fitted.cache_clear()
+            calibration.WIDTH_CONSTANT = None
+            calibration.refit()
+            calibration.WIDTH_CONSTANT = calibration.fit_width_constant()
+            calibration.refit()
             m = medians(all_rows())
             out[f"residue {residue}"] = {k: v for k, v in m.items() if k.startswith("held_out")}
+            out[f"residue {residue}"]["width_constant"] = calibration.WIDTH_CONSTANT
     finally:
         runs.HELD_OUT_RESIDUE = original
-        calibration.fitted.cache_clear()
+        calibration.WIDTH_CONSTANT = None
+        calibration.refit()
     return out
 
 
@@ -121,7 +132,8 @@ def _print(rows: list[dict], excluded, m: dict, splits: dict | None) -> None:
     for name, s in (splits or {}).items():
         print(f"  held out {name}: " + ", ".join(
             f"{k.removeprefix('held_out_')} {v['median_abs_error']:.1%} ({v['runs']})"
-            for k, v in s.items()))
+            for k, v in s.items() if k.startswith("held_out"))
+            + f" (width constant refitted: {s['width_constant']:g})")
 
 
 def main() -> None:
@@ -131,7 +143,16 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--splits", action="store_true",
                     help="also refit with the rule's two other offsets and print their medians")
+    ap.add_argument("--fit-width", action="store_true",
+                    help="print the width model's constant fitted on the runs not held out "
+                         "(throughput_model.yaml width.constant) and exit")
     a = ap.parse_args()
+    if a.fit_width:
+        from tunepilot.cost.calibration import fit_error, fit_width_constant
+
+        c = fit_width_constant()
+        print(json.dumps({"constant": c, "mean_abs_log_error": fit_error(c)}))
+        return
     rows = all_rows()
     m = medians(rows)
     splits = other_splits() if a.splits else None

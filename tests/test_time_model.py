@@ -161,6 +161,49 @@ def test_a_card_generation_is_the_stacks_own_ratio_before_other_stacks():
     assert "megatron" in lit.how and "transformers" in lit.how
 
 
+def test_the_width_constant_is_its_fit_on_the_runs_not_held_out():
+    """width.constant is the argmin of the fitted runs' mean |log error| on its grid, and it
+    lists exactly the runs it was fitted on (every run not held out)."""
+    from tunepilot.cost.calibration import fit_width_constant
+    from tunepilot.cost.runs import fit_runs
+    from tunepilot.cost.throughput_model import throughput_model
+
+    w = throughput_model().width
+    assert w.kind == "fitted" and w.runs == [r.id for r in fit_runs()]
+    assert fit_width_constant(w.constant - 100, w.constant + 100, 10) == w.constant
+    wide = estimate_setting(Setting("torchtitan", "h100", "full", "bf16-mixed", width=16384),
+                            one_card=True)
+    ref = estimate_setting(Setting("torchtitan", "h100", "full", "bf16-mixed", width=4096),
+                           one_card=True)
+    c = w.constant
+    assert wide.mfu / ref.mfu == pytest.approx((1 + c / 4096) / (1 + c / 16384))
+    assert ref.mfu == estimate_setting(Setting("torchtitan", "h100", "full", "bf16-mixed"),
+                                       one_card=True).mfu  # no width: the reference's
+
+
+def test_the_pipeline_bubble_and_fp8_attention_are_the_runs_own():
+    """A published pipeline's bubble (p - 1) / (v m) and an FP8 run's attention at the BF16
+    peak are factors of the run, not of a cell: torchtitan's 405B at 1F1B and interleaved."""
+    from tunepilot.cost.runs import PublishedRun
+
+    runs = {r.id: r for r in published_runs().runs}
+    assert runs["tt12"].pipeline_bubble == pytest.approx(7 / 8)  # 8 stages, 8 micro-batches
+    assert runs["tt13"].pipeline_bubble == pytest.approx(7 / 16)  # 2 stages per rank
+    one, inter = (estimate_setting(setting_of_run(runs[i])).mfu for i in ("tt12", "tt13"))
+    assert inter / one == pytest.approx((1 + 7 / 8) / (1 + 7 / 16))
+    row = runs["tt12"].model_dump()
+    with pytest.raises(ValueError, match="tensor x pipeline x context"):
+        PublishedRun.model_validate({**row, "pipeline_parallel": 4})
+    fp8 = {"implementation": "torchtitan", "family": "h100", "method": "full",
+           "precision": "fp8-tensorwise"}
+    none = estimate_setting(Setting(**fp8), one_card=True)
+    half = estimate_setting(Setting(**fp8, attention_share=0.5), one_card=True)
+    assert half.mfu == pytest.approx(none.mfu / 1.5)  # half the FLOPs at half the peak
+    bf16 = {**fp8, "precision": "bf16-mixed"}
+    assert estimate_setting(Setting(**bf16, attention_share=0.5), one_card=True).mfu == \
+        estimate_setting(Setting(**bf16), one_card=True).mfu
+
+
 def test_scaling_efficiency_by_node_count_from_published_runs():
     by = cost_model()["scaling_efficiency_by_nodes"]
     assert set(by["published"]["amortised"]) == {k for k in by["amortised"]}

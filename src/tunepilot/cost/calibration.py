@@ -9,6 +9,7 @@ ones with exactly the functions the quote uses (``estimate_setting``).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -42,6 +43,15 @@ class Setting:
     """the card's dense BF16 peak (the scaling rule counts tokens in H100-equivalents)"""
     model_parallel: bool = False
     """tensor / pipeline / context parallel (a published run's; a spec is data parallel/FSDP)"""
+    width: float | None = None
+    """the hidden size one tensor-parallel rank computes (hidden / tensor parallel); None: the
+    width model's reference"""
+    pipeline_bubble: float = 0.0
+    """the pipeline's idle share over its ideal time, (p - 1) / (v x m)"""
+    attention_share: float = 0.0
+    """the attention's share of the training FLOPs per token (model/flops.py)"""
+    fp8_over_bf16: float = 2.0
+    """the card's dense FP8 peak over its BF16 peak"""
 
     @property
     def precision_class(self) -> str:
@@ -105,8 +115,16 @@ def card_factor(family: str) -> float:
     return row.factor if row else 1.0
 
 
-def run_factors(s: Setting) -> dict[str, float]:
-    """The factors between a run's MFU and its cell's one-card base (their product)."""
+WIDTH_CONSTANT: float | None = None
+"""the width model's c in place of throughput_model.yaml's (throughput_accuracy.py --splits
+refits it on each split's runs)"""
+
+
+def run_factors(s: Setting, width_constant: float | None = None) -> dict[str, float]:
+    """The factors between a run's MFU and its cell's one-card base (their product):
+    checkpointing, compile, scaling, card and hardware as published or derived, the rank's
+    width (``width_constant``: the width model's c, else throughput_model.yaml's), the
+    pipeline's bubble, and an FP8 run's attention at the BF16 peak."""
     from tunepilot.cost.throughput_model import throughput_model
 
     tm = throughput_model()
@@ -114,8 +132,16 @@ def run_factors(s: Setting) -> dict[str, float]:
     eff = efficiency_parts(s.strategy, s.count, s.nodes, s.tokens_per_replica_step,
                            s.peak_tflops)[0]
     hw = tm.hardware[s.hardware].factor if s.hardware else 1.0
+    c = width_constant if width_constant is not None else WIDTH_CONSTANT if \
+        WIDTH_CONSTANT is not None else tm.width.constant
+    ref = tm.width.reference
+    width = (1 + c / ref) / (1 + c / s.width) if s.width else 1.0
+    fp8 = Precision(s.precision).is_fp8
     return {"checkpointing": ac, "torch_compile": tm.torch_compile.factor if s.torch_compile
-            else 1.0, "scaling": eff, "card": card_factor(s.family), "hardware": hw}
+            else 1.0, "scaling": eff, "card": card_factor(s.family), "hardware": hw,
+            "width": width, "pipeline": 1 / (1 + s.pipeline_bubble),
+            "fp8_attention": 1 / (1 + s.attention_share * (s.fp8_over_bf16 - 1)) if fp8
+            else 1.0}
 
 
 def _product(factors: dict[str, float]) -> float:
@@ -127,24 +153,43 @@ def _product(factors: dict[str, float]) -> float:
 
 def setting_of_run(run) -> Setting:
     from tunepilot.catalog import load_catalog
+    from tunepilot.cost.runs import run_spec
     from tunepilot.cost.throughput_model import card_family
+    from tunepilot.model.flops import flops_per_token
 
-    peak = load_catalog().get(run.card).peak_flops("bf16") / 1e12
+    card = load_catalog().get(run.card)
+    arch = _arch(run.model)
+    fpt = flops_per_token(arch, run_spec(run), run.sequence_length)
     return Setting(run.implementation, card_family(run.card), run.method, run.precision,
                    run.activation_checkpointing, run.torch_compile, run.strategy, run.count,
-                   run.nodes, run.tokens_per_replica_step, run.hardware, peak,
-                   run.replica_gpus > 1)
+                   run.nodes, run.tokens_per_replica_step, run.hardware,
+                   card.peak_flops("bf16") / 1e12, run.replica_gpus > 1,
+                   arch.hidden_size / run.tensor_parallel, run.pipeline_bubble,
+                   fpt.attention / fpt.train, fp8_over_bf16(card))
+
+
+def fp8_over_bf16(card) -> float:
+    """The card's dense FP8 peak over its BF16 peak (2 on Hopper and CDNA3; 2 where it has
+    none, unused then)."""
+    fp8, bf16 = card.peak_flops("fp8"), card.peak_flops("bf16")
+    return fp8 / bf16 if fp8 and bf16 else 2.0
+
+
+@cache
+def _arch(preset: str):
+    from tunepilot.model.arch import Arch, load_preset
+
+    return Arch.from_config(load_preset(preset))
 
 
 def measured_mfu(run) -> float:
     """A published run's MFU by MFU_RULE, on the catalog card it is projected on."""
     from tunepilot.catalog import load_catalog
     from tunepilot.cost.runs import run_spec
-    from tunepilot.model.arch import Arch, load_preset
     from tunepilot.model.flops import mfu
 
     spec = run_spec(run)
-    arch = Arch.from_config(load_preset(run.model))
+    arch = _arch(run.model)
     peak = load_catalog().get(run.card).peak_flops(spec.precision.peak_key)
     return mfu(arch, spec, run.tokens_per_s_per_gpu, run.sequence_length, peak)
 
@@ -152,10 +197,16 @@ def measured_mfu(run) -> float:
 @dataclass
 class Fit:
     cells: dict[Key, Cell]
+    _ratios: dict[str, dict] = field(default_factory=dict, repr=False)
 
     def ratios(self, dimension: str) -> dict[tuple[str, str], list[tuple[float, str]]]:
         """(to, from) -> [(cell ratio, which cells)] over every pair of fitted cells that differ
-        in ``dimension`` only."""
+        in ``dimension`` only (worked out once per fit)."""
+        if dimension not in self._ratios:
+            self._ratios[dimension] = self._pairs(dimension)
+        return self._ratios[dimension]
+
+    def _pairs(self, dimension: str) -> dict[tuple[str, str], list[tuple[float, str]]]:
         index = DIMENSIONS[dimension]
         out: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
         for a in self.cells.values():
@@ -208,13 +259,29 @@ def generation_step(implementation: str, to: str, frm: str) -> Step | None:
 @cache
 def fitted() -> Fit:
     """The cells of the runs that are not held out."""
+    return fit_cells()
+
+
+def refit() -> None:
+    """Forget the fit (the held-out rule's residue changed: throughput_accuracy.py --splits)."""
+    fitted.cache_clear()
+    _fit_inputs.cache_clear()
+
+
+@cache
+def _fit_inputs() -> tuple[tuple[object, Setting, float], ...]:
+    """(run, its setting, its measured MFU) of every run not held out."""
     from tunepilot.cost.runs import fit_runs
 
+    return tuple((r, setting_of_run(r), measured_mfu(r)) for r in fit_runs())
+
+
+def fit_cells(width_constant: float | None = None) -> Fit:
+    """The cells fitted on the runs that are not held out (``width_constant``: the width
+    model's c to fit them with, else throughput_model.yaml's)."""
     bases: dict[Key, list[tuple[float, str]]] = defaultdict(list)
-    for run in fit_runs():
-        s = setting_of_run(run)
-        base = measured_mfu(run) / _product(run_factors(s))
-        bases[key_of(s)].append((base, run.id))
+    for run, s, m in _fit_inputs():
+        bases[key_of(s)].append((m / _product(run_factors(s, width_constant)), run.id))
     cells = {}
     for key, items in bases.items():
         values = [b for b, _ in items]
@@ -223,15 +290,30 @@ def fitted() -> Fit:
     return Fit(cells)
 
 
+def fit_error(width_constant: float) -> float:
+    """The mean |log(projected / published MFU)| of the fitted runs with the width model's c
+    at ``width_constant`` (what throughput_model.yaml's width.constant minimises)."""
+    fit = fit_cells(width_constant)
+    errors = [abs(math.log(estimate_setting(s, fit=fit, width_constant=width_constant).mfu / m))
+              for _, s, m in _fit_inputs()]
+    return statistics.fmean(errors)
+
+
+def fit_width_constant(lo: float = 0.0, hi: float = 2000.0, step: float = 10.0) -> float:
+    """The width model's c over [lo, hi] in ``step``s that minimises ``fit_error``."""
+    grid = [lo + i * step for i in range(int((hi - lo) / step) + 1)]
+    return min(grid, key=fit_error)
+
+
 def key_of(s: Setting) -> Key:
     return (s.implementation, group_of(s.family), s.method, s.precision_class, s.layout)
 
 
-def route(want: Key) -> Route:
+def route(want: Key, fit: Fit | None = None) -> Route:
     """The fitted cell a setting's key is projected from, and the conversions to it."""
     from tunepilot.cost.throughput_model import throughput_model
 
-    fit = fitted()
+    fit = fit or fitted()
     assumed = None
     if want[0] not in {k[0] for k in fit.cells}:
         assumed = throughput_model().default_implementation
@@ -272,13 +354,14 @@ class Projection:
         return "derived" if self.route.steps else "published"
 
 
-def estimate_setting(s: Setting, *, one_card: bool = False) -> Projection:
+def estimate_setting(s: Setting, *, one_card: bool = False, fit: Fit | None = None,
+                     width_constant: float | None = None) -> Projection:
     """MFU projected for the setting: its cell's base x the conversions x its own factors
     (``one_card``: without the scaling factor, as the quote's per-card figure)."""
     from tunepilot.cost.throughput_model import throughput_model
 
-    r = route(key_of(s))
-    factors = run_factors(s)
+    r = route(key_of(s), fit)
+    factors = run_factors(s, width_constant)
     if one_card:
         factors["scaling"] = 1.0
     value = r.cell.base * r.factor * _product(factors)
@@ -286,12 +369,18 @@ def estimate_setting(s: Setting, *, one_card: bool = False) -> Projection:
 
 
 def fp8_speedup(implementation: str, family: str, method: str, precision: str,
-                bf16_peak: float, fp8_peak: float) -> tuple[float, str]:
+                bf16_peak: float, fp8_peak: float, width: float | None = None,
+                attention_share: float = 0.0) -> tuple[float, str]:
     """Tokens/s of an FP8 recipe over bf16 for the same run (a pilot measured in bf16 is quoted
-    with it): the ratio of the two cells' MFU x the FP8 / BF16 dense peaks."""
+    with it): the ratio of the two cells' MFU x the FP8 / BF16 dense peaks (the attention,
+    ``attention_share`` of the FLOPs, stays at the BF16 peak)."""
     group = group_of(family)
-    fp8 = estimate_setting(Setting(implementation, family, method, precision), one_card=True)
-    bf16 = estimate_setting(Setting(implementation, family, method, "bf16-mixed"), one_card=True)
+    shape = {"width": width, "attention_share": attention_share,
+             "fp8_over_bf16": fp8_peak / bf16_peak}
+    fp8 = estimate_setting(Setting(implementation, family, method, precision, **shape),
+                           one_card=True)
+    bf16 = estimate_setting(Setting(implementation, family, method, "bf16-mixed", **shape),
+                            one_card=True)
     value = fp8.mfu / bf16.mfu * fp8_peak / bf16_peak
     return value, (f"{precision} over bf16 x{value:.3g}: MFU {fp8.mfu:.3g} of the FP8 peak "
                    f"({fp8.route.cell.label}) / {bf16.mfu:.3g} of the BF16 peak "

@@ -41,13 +41,33 @@ class MfuEstimate:
 
 
 def estimate(implementation: str, card_id: str, method: str, activation_checkpointing: str,
-             torch_compile: bool, precision: str = "bf16-mixed") -> MfuEstimate:
-    """One card's projected MFU for the setting (cost/calibration.py)."""
-    from tunepilot.cost.calibration import Setting, estimate_setting
+             torch_compile: bool, precision: str = "bf16-mixed", *, width: float | None = None,
+             attention_share: float = 0.0) -> MfuEstimate:
+    """One card's projected MFU for the setting (cost/calibration.py): ``width`` the hidden
+    size one tensor-parallel rank computes (None: the width model's reference), and the
+    attention's share of the FLOPs (an FP8 recipe leaves it at the BF16 peak)."""
+    from tunepilot.catalog import load_catalog
+    from tunepilot.cost.calibration import Setting, estimate_setting, fp8_over_bf16
 
+    card = load_catalog().get(card_id)
     p = estimate_setting(Setting(implementation, card_family(card_id), method, precision,
-                                 activation_checkpointing, torch_compile), one_card=True)
+                                 activation_checkpointing, torch_compile, width=width,
+                                 attention_share=attention_share,
+                                 fp8_over_bf16=fp8_over_bf16(card)), one_card=True)
     return MfuEstimate(p.mfu, p)
+
+
+def shape_of(spec, arch, seq: float | None = None) -> dict:
+    """The run's shape the time model reads: the width one rank computes (hidden / the spec's
+    tensor parallel) and the attention's share of the training FLOPs at ``seq`` (default the
+    spec's sequence length)."""
+    from tunepilot.model.flops import flops_per_token
+
+    if arch is None:
+        return {}
+    tp = int(getattr(spec.parallel, "tensor", 1) or 1)
+    fpt = flops_per_token(arch, spec, seq)
+    return {"width": arch.hidden_size / tp, "attention_share": fpt.attention / fpt.train}
 
 
 @dataclass(frozen=True)
@@ -143,13 +163,15 @@ def _weakest(kinds: list[str]) -> str:
     return "published"
 
 
-def mfu_for(spec, card: Card, arch=None) -> Figure:
+def mfu_for(spec, card: Card, arch=None, seq: float | None = None) -> Figure:
     """Model FLOP utilisation projected for the spec on one card of this kind (a fraction), with
-    the published runs it rests on and every conversion from them."""
+    the published runs it rests on and every conversion from them (``seq``: the processed
+    length, default the spec's)."""
     from tunepilot.model.arch import param_counts
 
+    shape = shape_of(spec, arch, seq)
     e = estimate(spec.model.implementation, card.id, spec.method.kind,
-                 spec.activation_checkpointing, spec.torch_compile, spec.precision)
+                 spec.activation_checkpointing, spec.torch_compile, spec.precision, **shape)
     kernels = kernel_factors(spec)
     product = 1.0
     for kf in kernels:  # each kernel's published (or assumed) speed effect, named below
@@ -169,6 +191,10 @@ def mfu_for(spec, card: Card, arch=None) -> Figure:
            + "".join(f"; {s.how}" for s in r.steps)
            + f" x checkpointing {p.factors['checkpointing']:g} x compile "
              f"{p.factors['torch_compile']:g} x card {p.factors['card']:g}"
+           + (f" x width {p.factors['width']:.3g} (a rank {shape['width']:,.0f} wide, fitted: "
+              "throughput_model.yaml width)" if shape else "")
+           + (f" x FP8's attention at the BF16 peak {p.factors['fp8_attention']:.3g}"
+              if p.factors["fp8_attention"] != 1 else "")
            + "".join(f" x {kf.name} {kf.factor:.3g} ({kf.kind}: {_short(kf.source)})"
                      for kf in kernels))
     return Figure.projected(mfu, "fraction", how, rests_on=", ".join(cell.runs),

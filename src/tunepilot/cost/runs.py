@@ -15,7 +15,7 @@ import math
 from functools import cache
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tunepilot.spec import Implementation, Precision
 from tunepilot.spec.method import MethodKind
@@ -59,6 +59,15 @@ class PublishedRun(_Read):
     replica_gpus: int = Field(default=1, gt=0)
     """GPUs that hold one model replica (tensor x pipeline x context parallel); 1 for data
     parallel and FSDP, as every run the spec describes"""
+    tensor_parallel: int = Field(default=1, gt=0)
+    context_parallel: int = Field(default=1, gt=0)
+    pipeline_parallel: int = Field(default=1, gt=0)
+    pipeline_stages_per_rank: int = Field(default=1, gt=0)
+    """the interleaved schedule's virtual stages per rank (Megatron's vp; torchtitan's looped
+    schedules: 2 unless split points say otherwise)"""
+    pipeline_microbatches: int | None = Field(default=None, gt=0)
+    """micro-batches per pipeline per step (Megatron: global batch / (data parallel x micro
+    batch); torchtitan: its default, the pipeline degree)"""
     sequence_length: int = Field(gt=0)
     micro_batch_size: int = Field(gt=0)
     global_batch_size: int = Field(gt=0)
@@ -69,6 +78,25 @@ class PublishedRun(_Read):
     published: str
     source: str
     note: str | None = None
+
+    @model_validator(mode="after")
+    def _replica_is_its_parallelism(self) -> PublishedRun:
+        if self.tensor_parallel * self.pipeline_parallel * self.context_parallel != \
+                self.replica_gpus:
+            raise ValueError(f"{self.id}: replica_gpus {self.replica_gpus} is not tensor x "
+                             "pipeline x context parallel")
+        if (self.pipeline_parallel > 1) != (self.pipeline_microbatches is not None):
+            raise ValueError(f"{self.id}: pipeline_microbatches goes with pipeline_parallel > 1")
+        return self
+
+    @property
+    def pipeline_bubble(self) -> float:
+        """The pipeline's idle share over its ideal time, (p - 1) / (v x m): p stages, v
+        interleaved stages per rank, m micro-batches (Narayanan et al., SC'21, 2.2)."""
+        if self.pipeline_parallel <= 1:
+            return 0.0
+        return (self.pipeline_parallel - 1) / (self.pipeline_stages_per_rank
+                                               * self.pipeline_microbatches)
 
     @property
     def tokens_per_replica_step(self) -> float:

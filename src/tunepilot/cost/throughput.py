@@ -97,11 +97,12 @@ def _fp8_lever(ctx, card: Card) -> list:
     if not ctx.spec.precision.is_fp8:
         return []
     from tunepilot.cost.calibration import fp8_speedup
-    from tunepilot.cost.mfu import LeverFactor, card_family
+    from tunepilot.cost.mfu import LeverFactor, card_family, shape_of
 
     s = ctx.spec
     value, how = fp8_speedup(s.model.implementation, card_family(card.id), s.method.kind,
-                             s.precision, card.peak_flops("bf16"), card.peak_flops("fp8"))
+                             s.precision, card.peak_flops("bf16"), card.peak_flops("fp8"),
+                             **shape_of(s, ctx.arch, processed_length(ctx).value))
     return [LeverFactor(s.precision, value, "derived", how)]
 
 
@@ -135,8 +136,8 @@ def per_card(ctx, card: Card, useful: Figure) -> Figure:
             f"{card.hbm_bandwidth_tbps:g}) (compute_bound_fraction assumed)", PROJECTED)
     from tunepilot.cost.mfu import mfu_for
 
-    mfu = mfu_for(ctx.spec, card, ctx.arch)
     seq = processed_length(ctx)
+    mfu = mfu_for(ctx.spec, card, ctx.arch, seq.value)
     positions = positions_per_s_at(ctx.arch, ctx.spec, mfu.value, seq.value, peak)
     fpt = flops_per_token(ctx.arch, ctx.spec, seq.value)
     decode = decode_seconds_per_position(ctx.arch, ctx.spec, card.hbm_bandwidth_bytes_per_s)

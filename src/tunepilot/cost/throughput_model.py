@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Kind = Literal["published", "derived", "assumed"]
+Kind = Literal["published", "derived", "assumed", "fitted"]
 
 
 class _Read(BaseModel):
@@ -60,6 +60,17 @@ class Generation(_Read):
     """the generation pairs (throughput_runs.yaml pairs: ids) the factor is the median of"""
 
 
+class Width(_Read):
+    """A rank's width (hidden / tensor parallel) and MFU: x (1 + c / reference) / (1 + c /
+    width), c fitted on the runs listed (throughput_model.yaml width:)."""
+
+    constant: float = Field(ge=0)
+    reference: float = Field(gt=0)
+    kind: Kind
+    source: str
+    runs: list[str]
+
+
 class ThroughputModel(_Read):
     """resources/throughput_model.yaml, validated once when first read."""
 
@@ -73,6 +84,7 @@ class ThroughputModel(_Read):
     torch_compile: Factor
     kernels: dict[str, KernelRow] = Field(default_factory=dict)
     generations: list[Generation] = Field(default_factory=list)
+    width: Width
 
 
 @cache
