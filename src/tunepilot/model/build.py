@@ -137,6 +137,7 @@ def _from_config(spec: RunSpec, hf, dtype=None):
 
 def _finish(spec: RunSpec, model):
     model.config.use_cache = False
+    apply_experts_implementation(spec, model)
     if spec.method.is_lora:
         model = apply_lora(spec, model)
     apply_checkpointing(spec, model)
@@ -165,6 +166,22 @@ def materializer(model, spec: RunSpec, device, base_dir: Path | None = None):
     path = weights_path(spec, base_dir)
     return Materializer(model, spec.seed, device,
                         SafetensorsWeights(path) if path is not None else None)
+
+
+def apply_experts_implementation(spec: RunSpec, model: torch.nn.Module) -> None:
+    """An MoE model's experts run as spec.moe.implementation (transformers >= 5 dispatches them:
+    grouped_mm, eager, batched_mm) - what the plan models. A dense model, or experts code that
+    takes no implementation (Llama 4's), is left as built; where torch has no grouped_mm kernel
+    transformers' own fallback to eager stays (the default asked for nothing else)."""
+    if not any(hasattr(m, "_is_expert_parallel") for m in model.modules()):
+        return  # no @use_experts_implementation experts in this model
+    try:
+        model.set_experts_implementation(spec.moe.implementation)
+    except (ValueError, ImportError) as exc:
+        if spec.moe.implementation != "grouped_mm":
+            raise UserError("moe.implementation", f"transformers cannot run the experts as "
+                            f"{spec.moe.implementation!r} here: {exc}",
+                            "Use grouped_mm (the default) or eager.") from None
 
 
 def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
@@ -334,6 +351,7 @@ def build_qlora_meta_model(spec: RunSpec, device, base_dir, config) -> torch.nn.
     for p in model.parameters():
         p.requires_grad_(False)
     model.config.use_cache = False
+    apply_experts_implementation(spec, model)
     model = apply_lora(spec, model)
     apply_checkpointing(spec, model)
     return model

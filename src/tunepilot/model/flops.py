@@ -69,7 +69,9 @@ class FlopsPerToken:
         return (f"6 x {self.trainable_matmul_params:,} trainable + 4 x "
                 f"{self.frozen_matmul_params:,} frozen + {self.attention:,.0f} attention "
                 f"(12 L H Q T at {self.sequence_length:,.0f} tokens){extra} = "
-                f"{self.train:,.0f} FLOP/token (PaLM appendix B; active parameters only for MoE)")
+                f"{self.train:,.0f} FLOP/token (PaLM appendix B; for MoE the experts a token "
+                "is computed through: its top-k, or every expert where transformers runs them "
+                "all - Llama 4)")
 
 
 def flops_per_token(arch: Arch, spec, sequence_length: float | None = None) -> FlopsPerToken:
@@ -78,6 +80,10 @@ def flops_per_token(arch: Arch, spec, sequence_length: float | None = None) -> F
     counts = param_counts(arch)
     lookup = 0 if arch.tied_embeddings else counts.embedding  # a lookup, not a matmul
     n_matmul = counts.active_per_token - lookup
+    if arch.is_moe:  # the pairs the card computes: padded to a capacity, or every expert
+        pairs = expert_pairs_per_token(arch, spec)
+        n_matmul += round(counts.routed_experts * (pairs - arch.experts_per_token)
+                          / arch.num_experts)
     if spec.method.is_lora:
         trainable, frozen = active_lora_params(arch, spec), n_matmul
     else:
@@ -87,6 +93,19 @@ def flops_per_token(arch: Arch, spec, sequence_length: float | None = None) -> F
     forward = 2.0 * (trainable + frozen) + attn / 3
     extra, how = objective_passes(spec, 2.0 * n_matmul + attn / 3, seq)
     return FlopsPerToken(train + extra, forward, trainable, frozen, attn, seq, extra, how)
+
+
+def expert_pairs_per_token(arch: Arch, spec) -> float:
+    """Token-expert pairs the card computes per token: top-k, padded to spec.moe's capacity
+    factor where one is set; every expert where the implementation runs them all
+    (transformers' Llama 4: model/arch/moe.py ROUTES_EVERY_EXPERT). 0 for a dense model."""
+    from tunepilot.model.arch.moe import ROUTES_EVERY_EXPERT
+
+    if not arch.is_moe:
+        return 0.0
+    if arch.model_type in ROUTES_EVERY_EXPERT and spec.model.implementation == "transformers":
+        return float(arch.num_experts)
+    return spec.moe.pairs_per_token(arch.experts_per_token)
 
 
 def objective_passes(spec, forward_per_token: float, seq: float) -> tuple[float, str]:
@@ -156,7 +175,7 @@ def active_lora_params(arch: Arch, spec) -> int:
     for lin, factor in lora_targets(arch, spec.method.lora_targets).items():
         per = factor * rank * (lin.in_features + lin.out_features) * lin.count_per_layer
         if lin.routed:
-            per = per * arch.experts_per_token / arch.num_experts
+            per = per * expert_pairs_per_token(arch, spec) / arch.num_experts
         total += per * lin.layers
     return int(total)
 

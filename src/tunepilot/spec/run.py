@@ -18,6 +18,7 @@ from tunepilot.errors import SpecError, did_you_mean
 from tunepilot.spec.batch import Batch
 from tunepilot.spec.kernels import KernelSpec
 from tunepilot.spec.method import MethodSpec, check_quant_storage, quant_storage_for
+from tunepilot.spec.moe import MoeSpec
 from tunepilot.spec.objective import ObjectiveSpec
 from tunepilot.spec.precision import Precision
 from tunepilot.spec.yaml_input import read_yaml_mapping
@@ -317,6 +318,8 @@ class RunSpec(_Strict):
     """what is trained: sft (default), the DPO family, kto, reward, grpo/rloo (spec/objective.py)"""
     kernels: KernelSpec = Field(default_factory=KernelSpec)
     """the attention implementation and the fused kernels in use (spec/kernels.py)"""
+    moe: MoeSpec = Field(default_factory=MoeSpec)
+    """an MoE model's experts implementation and routing capacity (spec/moe.py)"""
     data: DataSpec = Field(default_factory=DataSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
@@ -436,8 +439,10 @@ class RunSpec(_Strict):
 
     def spec_hash(self) -> str:
         """SHA-256 of the spec's canonical JSON (all resolved fields, without the label and
-        the host section, which does not change the training step)."""
-        data = self.model_dump(mode="json", exclude={"name", "host"})
+        the host section, which does not change the training step; the moe block only where
+        set, so specs written before it keep their hash)."""
+        data = self.model_dump(mode="json", exclude={"name", "host"} | (
+            {"moe"} if self.moe.is_default else set()))
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

@@ -112,6 +112,13 @@ class Arch:
     num_shared_experts: int = 0  # experts every token passes through, beside the routed ones
     shared_intermediate_size: int = 0  # their total width (0 without)
     dense_intermediate_size: int = 0  # a dense layer's MLP width in an MoE model
+    router: str = ""
+    """how the MoE router picks (transformers 5.25): softmax (fp32 softmax, then top-k: Mixtral,
+    Qwen-MoE, OLMoE, DeepSeek-V2) | softmax_grouped (DeepSeek-V2's group_limited_greedy) |
+    sigmoid_grouped (DeepSeek-V3: sigmoid, top groups, top-k) | topk_softmax (gpt-oss: top-k of
+    the logits, softmax over them) | topk_sigmoid (Llama 4)"""
+    router_norm: bool = False  # the top-k weights renormalised to sum to 1
+    router_groups: int = 1  # expert groups the grouped routers pick among (n_group)
     sliding_window: int | None = None  # local attention span of the sliding layers (tokens)
     num_sliding_layers: int = 0  # layers that attend within sliding_window (or a chunk)
     vision: VisionTower | None = None

@@ -302,6 +302,8 @@ def read_arch(cfg: dict[str, Any]) -> Arch:
         num_shared_experts=moe.num_shared if moe else 0,
         shared_intermediate_size=moe.shared_inter if moe else 0,
         dense_intermediate_size=moe.dense_inter if moe else d.inter,
+        router=moe.router if moe else "", router_norm=moe.router_norm if moe else False,
+        router_groups=moe.router_groups if moe else 1,
         sliding_window=window, num_sliding_layers=sliding,
         vision=vision_tower(top, d) if model_type == "gemma3" else None,
         mtp_params=mtp_params(cv, d, attn, layer_vectors, moe),

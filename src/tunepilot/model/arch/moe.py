@@ -28,6 +28,10 @@ PEFT_MOE_ALIASES = {
                   "down_proj": "down_proj"},
 }
 PEFT_FUSED_PAIR = {"mixtral": ("w1", "w3"), "qwen2_moe": ("gate_proj", "up_proj")}
+# transformers' Llama4TextMoe runs every token through every expert (routed_in =
+# hidden.repeat(num_experts), scaled by a router score that is 0 outside the top-k): the card
+# computes and saves all of them, not the top-k (transformers 5.25 modeling_llama4.py)
+ROUTES_EVERY_EXPERT = {"llama4", "llama4_text"}
 PEFT_MOE_PATTERN = {"mixtral": "mixtral", "qwen3_moe": "qwen2_moe", "olmoe": "qwen2_moe",
                     "deepseek_v2": "qwen2_moe", "deepseek_v3": "qwen2_moe"}
 
@@ -44,6 +48,25 @@ class MoeParts:
     num_shared: int
     shared_inter: int
     dense_inter: int
+    router: str = ""
+    router_norm: bool = False
+    router_groups: int = 1
+
+
+def _router(cv: ConfigView, rule: str) -> tuple[str, bool, int]:
+    """(the router's kind, whether it renormalises the top-k weights, its expert groups)."""
+    if rule == "gpt_oss":
+        return "topk_softmax", False, 1
+    if rule == "llama4":
+        return "topk_sigmoid", False, 1
+    if rule == "mixtral":
+        return "softmax", True, 1  # MixtralTopKRouter always renormalises
+    if rule == "deepseek" and (cv.cfg.get("model_type") == "deepseek_v3"
+                               or cv.text("topk_method") == "noaux_tc"):
+        return "sigmoid_grouped", cv.flag("norm_topk_prob", True), cv.count("n_group", 1)
+    grouped = cv.text("topk_method") == "group_limited_greedy"
+    return ("softmax_grouped" if grouped else "softmax"), cv.flag("norm_topk_prob"), \
+        cv.count("n_group", 1)
 
 
 def _moe_layers(cv: ConfigView, rule: str, layers: int, experts: int) -> list[int]:
@@ -113,7 +136,8 @@ def moe_parts(cv: ConfigView, r, d, rule_type: str, mlp_bias: bool) -> MoeParts:
     if rule == "qwen2_moe":  # the shared expert's sigmoid gate: nn.Linear(hidden, 1)
         out.append(LinearSpec("shared_expert_gate", f"{p}.shared_expert_gate", h, 1, False,
                               group="router", layers=n_moe, layer_kind="moe"))
-    return MoeParts(out, experts, k, inter, n_moe, shared, shared_inter, dense_inter)
+    return MoeParts(out, experts, k, inter, n_moe, shared, shared_inter, dense_inter,
+                    *_router(cv, rule))
 
 
 def _with(spec: LinearSpec, **changes) -> LinearSpec:

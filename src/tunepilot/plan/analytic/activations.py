@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tunepilot.model.arch import Arch, LinearSpec, lora_targets
 from tunepilot.model.flops import DTYPE_BYTES
-from tunepilot.plan.analytic import variants
+from tunepilot.plan.analytic import moe, variants
 from tunepilot.spec import CHUNKED_LOSS_TOKENS, LITGPT_LM_HEAD_CHUNK, RunSpec
 
 COMPILE_SAVED_FRACTION = 0.8  # Inductor's min-cut partitioner: pointwise outputs recomputed
@@ -53,13 +53,15 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     normalised value (sb*h).
     SDPA (flash / memory-efficient): q, k, v and the output (cb*(2*hq + 2*hkv)) + fp32 logsumexp.
     MLP gated (SwiGLU/GeGLU): the gate output (saved by the activation), act(gate) and the up
-    output (saved by the product): 3*cb*i per routed expert; plain (GELU): the fc1 output.
+    output (saved by the product): 3*cb*i; plain (GELU): the fc1 output. An MoE model's router
+    and routed experts: plan/analytic/moe.py, averaged over the layers (its dense and shared
+    MLPs here).
     Fused kernels (Liger, Unsloth, Transformer Engine), eager attention and DoRA change these
     terms as plan/analytic/variants.py derives them.
     """
     h = arch.hidden_size
     hq = arch.num_heads * arch.head_dim
-    ik = arch.mlp_width_per_token  # the routed experts' (and shared ones') width, MoE
+    ik = moe.unrouted_width_per_token(arch) if arch.is_moe else arch.intermediate_size
     full = spec.method.kind == "full"
     per_norm = variants.norm_saved_per_token(arch, spec, sb)  # a fused norm kernel's, or:
     if per_norm is None and arch.norm_kind == "rms":
@@ -74,13 +76,14 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     gated = 2 if fused_glu else 3
     saved_per_i = (gated if arch.mlp_kind == "gated" else 1) + python_activation_saves(arch, spec)
     mlp = saved_per_i * cb * ik
-    if arch.is_moe:  # in the MoE layers: tokens gathered per expert + router logits
-        k = arch.experts_per_token
-        mlp += arch.num_moe_layers * (cb * h * k + 4 * arch.num_experts) // arch.num_layers
+    if arch.is_moe:  # the router and the routed experts, in the MoE layers
+        mlp += arch.num_moe_layers * moe.routed_saved_per_token(arch, spec, cb, sb) \
+            // arch.num_layers
     total = norms + sdpa + mlp
     if full:
         parallel = arch.family == "phi" or arch.norms_per_layer == 1  # one input, attn + MLP
         total += cb * (h + hq + (0 if parallel else h) + ik)  # attn, o, mlp, down inputs
+        # (the routed experts' GEMM inputs are moe.routed_saved_per_token's)
     else:
         total += _lora_saved_bytes_per_token(arch, spec, cb) + \
             variants.dora_saved_per_token(arch, spec)
@@ -146,6 +149,9 @@ def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) 
     per_layer = layer_activation_bytes_per_token(arch, spec, cb, sb) * tokens + \
         variants.dora_saved_per_layer(arch, spec) + \
         variants.parameter_lora_saved_per_layer(arch, spec, cb, tokens)
+    if arch.is_moe:  # per MoE layer, whatever the tokens (the eager loop's weight casts)
+        per_layer += arch.num_moe_layers * moe.routed_layer_bytes(arch, spec, cb, sb) \
+            // arch.num_layers
     if spec.torch_compile:  # modelled, not traced: the trace runs eager
         per_layer = int(per_layer * COMPILE_SAVED_FRACTION)
     L = arch.num_layers
@@ -177,7 +183,8 @@ def layer_backward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int
         per_i = 2
     else:
         per_i = 1 if variants.fused_mlp(arch, spec) else 3
-    return per_i * cb * arch.largest_mlp_width * tokens
+    width = moe.largest_layer_width(arch, spec) if arch.is_moe else arch.intermediate_size
+    return per_i * cb * width * tokens
 
 
 OFFLOAD_LAYERS_ON_DEVICE = 2

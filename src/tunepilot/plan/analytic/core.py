@@ -27,6 +27,7 @@ from tunepilot.model.flops import (
     trainable_shapes,
 )
 from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
+from tunepilot.plan.analytic import moe as moe_plan
 from tunepilot.plan.analytic import variants
 from tunepilot.plan.analytic.activations import (
     CHUNKED_LOSS_TOKENS,
@@ -260,11 +261,12 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         optim_temp = min(s.optim_temp, pb * largest)
     states = (s.weights, s.master)
     dora = variants.dora_transient(arch, spec)  # each DoRA forward's weight-sized temporaries
+    routing = moe_plan.routed_transient(arch, spec, cb, tokens)  # one-hot mask, all-to-all
     recompute = dora if spec.activation_checkpointing != "none" else 0
     no_grad = no_grad_forward_bytes(spec, arch, cb, tokens, lp["reference"]) if lp else 0
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
-                   max(logits_fwd, dora, fp8_ws) + s.unsharded, s.buckets),
+                   max(logits_fwd, dora, fp8_ws, routing) + s.unsharded, s.buckets),
         Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
                    max(logits_transient, layer_bwd) + s.unsharded, s.buckets),
         Phase.make("backward-end", *states, grads, s.optim, layer_ws,
@@ -374,6 +376,7 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
         notes.append(f"task sequence-classification: a {spec.model.num_labels}-label head on "
                      "the last token - no vocabulary logits")
     notes += variants.kernel_notes(arch, spec)
+    notes += moe_plan.moe_notes(arch, spec, *precision_bytes(spec)[:2])
     opt_impl = default_optimizer_impl(spec, stack)
     if spec.optimizer.name in ("adamw", "paged_adamw", "sgd"):
         notes.append(f"optimizer step: {opt_impl} implementation "

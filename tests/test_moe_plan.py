@@ -1,0 +1,179 @@
+"""The routed experts in the plan against what autograd really saves: a small MoE layer of each
+kind runs forward on the CPU under every experts implementation transformers has, and the bytes
+its saved tensors hold are the plan's (plan/analytic/moe.py) to the byte. Then the spec's moe
+block, the plan's notes and the FLOPs a token is computed through."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunepilot.errors import SpecError
+from tunepilot.model.arch import Arch, load_preset, param_counts
+from tunepilot.model.flops import expert_pairs_per_token, flops_per_token
+from tunepilot.plan.analytic import moe
+from tunepilot.plan.analytic.activations import precision_bytes
+from tunepilot.spec import spec_from_dict
+
+H, INTER, E, K, T = 64, 32, 8, 2, 256
+LAYOUTS = {
+    "qwen3_moe": dict(num_experts=E, moe_intermediate_size=INTER, num_experts_per_tok=K,
+                      head_dim=16),
+    "mixtral": dict(num_local_experts=E, intermediate_size=INTER, num_experts_per_tok=K),
+    "gpt_oss": dict(num_local_experts=E, intermediate_size=INTER, num_experts_per_tok=K,
+                    head_dim=16),
+    "llama4_text": dict(num_local_experts=E, intermediate_size=INTER, num_experts_per_tok=K,
+                        head_dim=16),
+}
+BASE = dict(hidden_size=H, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=100, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2)
+# (precision, method): bf16 weights trained; a frozen bf16 base (LoRA); fp32 weights; fp32
+# weights under bf16 autocast (the experts' GEMMs are not autocast ops there)
+RUNS = [("bf16-true", "full"), ("bf16-true", "lora"), ("fp32", "full"), ("bf16-mixed", "full")]
+
+
+def config(model_type: str) -> dict:
+    return dict(BASE, model_type=model_type, **LAYOUTS[model_type])
+
+
+def spec_for(precision: str, method: str, implementation: str, **moe_fields):
+    return spec_from_dict({"model": {"preset": "tiny"}, "precision": precision,
+                           "method": {"kind": method},
+                           "moe": dict(implementation=implementation, **moe_fields)})
+
+
+def measured_saved_bytes(cfg: dict, spec) -> int:
+    """Bytes of the tensors autograd saves inside the MoE block's experts and router (each
+    storage once, parameters not counted) in one forward of T tokens."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    body = {k: v for k, v in cfg.items() if k != "model_type"}
+    hf = transformers.AutoConfig.for_model(cfg["model_type"], **body)
+    dtype = torch.bfloat16 if spec.precision == "bf16-true" or spec.method.is_lora else \
+        torch.float32
+    torch.manual_seed(0)
+    llama4 = cfg["model_type"] == "llama4_text"  # its own experts code: no implementation
+    model = transformers.AutoModelForCausalLM.from_config(hf, dtype=dtype, **(
+        {} if llama4 else {"experts_implementation": spec.moe.implementation}))
+    if spec.method.is_lora:  # a frozen base; the embedding trains so activations need grad
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model.get_input_embeddings().weight.requires_grad_(True)
+    block = model.model.layers[0].feed_forward if llama4 else model.model.layers[0].mlp
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    inside = [False]
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if inside[0] and storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+        return t
+
+    block.register_forward_pre_hook(lambda *a: inside.__setitem__(0, True))
+    block.register_forward_hook(lambda *a: inside.__setitem__(0, False))
+    if llama4:  # its shared expert is the ordinary MLP arithmetic's, not the routed one's
+        block.shared_expert.register_forward_pre_hook(lambda *a: inside.__setitem__(0, False))
+        block.shared_expert.register_forward_hook(lambda *a: inside.__setitem__(0, True))
+    ids = torch.randint(3, 100, (1, T))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.precision.mixed):
+        model(ids)
+    return sum(seen.values())
+
+
+def planned_saved_bytes(cfg: dict, spec) -> int:
+    """The plan's bytes for the same block: the routed part, plus what the router's linear
+    saves of the block's input when its weight trains (the activation arithmetic counts that
+    input once per layer, with the other matmul inputs) and autocast's cached cast of the
+    router weight."""
+    arch = Arch.from_config(cfg)
+    cb, sb, _ = precision_bytes(spec)
+    out = moe.routed_saved_per_token(arch, spec, cb, sb) * T + \
+        moe.routed_layer_bytes(arch, spec, cb, sb)
+    if spec.method.kind == "full":
+        out += cb * H * T  # the router's input (its 16-bit cast under autocast)
+        if spec.precision.mixed:
+            out += cb * E * H  # autocast's cast of the router weight, saved for its input grad
+    return out
+
+
+@pytest.mark.parametrize("run", RUNS, ids=["-".join(r) for r in RUNS])
+@pytest.mark.parametrize("implementation", ["grouped_mm", "eager", "batched_mm"])
+def test_qwen3_moe_routed_experts_save_what_the_plan_says(implementation, run):
+    spec = spec_for(*run, implementation)
+    cfg = config("qwen3_moe")
+    assert planned_saved_bytes(cfg, spec) == measured_saved_bytes(cfg, spec)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "gpt_oss", "llama4_text"])
+@pytest.mark.parametrize("run", RUNS[:2], ids=["-".join(r) for r in RUNS[:2]])
+def test_other_routers_and_gates_save_what_the_plan_says(model_type, run):
+    spec = spec_for(*run, "grouped_mm")
+    cfg = config(model_type)
+    assert planned_saved_bytes(cfg, spec) == measured_saved_bytes(cfg, spec)
+
+
+# --------------------------------------------------------------------------- the spec and plan
+
+def test_the_moe_block_is_validated_and_leaves_older_spec_hashes_alone():
+    plain = spec_from_dict({"model": {"preset": "tiny"}})
+    assert spec_from_dict({"model": {"preset": "tiny"}, "moe": {}}).spec_hash() == \
+        plain.spec_hash()
+    assert spec_for("bf16-mixed", "full", "eager").spec_hash() != plain.spec_hash()
+    for bad in ({"capacity_factor": 0}, {"implementation": "loop"}, {"load_factor": 0.5}):
+        with pytest.raises(SpecError) as err:
+            spec_from_dict({"model": {"preset": "tiny"}, "moe": bad})
+        assert (err.value.field or "").startswith("moe."), err.value
+
+
+def _plan(preset: str, **fields):
+    from tunepilot.plan.analytic.core import analytic_plan
+
+    spec = spec_from_dict({"model": {"preset": preset}, "sequence_length": 1024, **fields})
+    return analytic_plan(spec, Arch.from_config(load_preset(preset)))
+
+
+def test_the_plan_says_how_the_experts_run_and_what_that_costs():
+    plan = _plan("qwen3-30b-a3b", method={"kind": "full"}, precision="bf16-mixed")
+    notes = " ".join(plan.assumptions)
+    assert "48 of 48 layers route each token to 8 of 128 experts" in notes
+    assert "grouped_mm" in notes and "fp32 weights' dtype" in notes  # no autocast op
+    true = _plan("qwen3-30b-a3b", method={"kind": "full"}, precision="bf16-true")
+    assert plan.per_device.activations_bytes > true.per_device.activations_bytes
+    eager = _plan("qwen3-30b-a3b", method={"kind": "full"}, precision="bf16-mixed",
+                  moe={"implementation": "eager"})
+    assert "16-bit cast of every expert's weights" in " ".join(eager.assumptions)
+    dense = _plan("qwen3-8b", moe={"implementation": "eager"})
+    assert "moe: no effect" in " ".join(dense.assumptions)
+
+
+def test_a_capacity_factor_pads_the_routed_pairs():
+    arch = Arch.from_config(load_preset("qwen3-30b-a3b"))
+    cb = sb = 2
+    base = spec_for("bf16-true", "lora", "grouped_mm")
+    padded = spec_for("bf16-true", "lora", "grouped_mm", capacity_factor=1.25)
+    assert moe.pairs_per_token(arch, padded) == 10.0
+    router = moe.router_saved_per_token(arch, base, cb)
+    grown = moe.routed_saved_per_token(arch, padded, cb, sb) - router
+    assert grown == pytest.approx(1.25 * (moe.routed_saved_per_token(arch, base, cb, sb)
+                                          - router), abs=1)
+
+
+# --------------------------------------------------------------------------- FLOPs per token
+
+def test_flops_count_the_experts_a_token_is_computed_through():
+    qwen = Arch.from_config(load_preset("qwen3-30b-a3b"))
+    spec = spec_from_dict({"model": {"preset": "qwen3-30b-a3b"}, "method": {"kind": "full"}})
+    counts = param_counts(qwen)
+    f = flops_per_token(qwen, spec)
+    assert f.trainable_matmul_params == counts.active_per_token - counts.embedding
+    padded = spec.with_changes(moe={"capacity_factor": 1.5})
+    extra = flops_per_token(qwen, padded).trainable_matmul_params - f.trainable_matmul_params
+    assert extra == round(counts.routed_experts * 4 / 128)  # 8 -> 12 pairs of 128 experts
+    # transformers' Llama 4 runs every expert on every token: the card computes all 16
+    scout = Arch.from_config(load_preset("llama-4-scout-17b-16e"))
+    s = spec_from_dict({"model": {"preset": "llama-4-scout-17b-16e"}, "method": {"kind": "full"}})
+    c = param_counts(scout)
+    assert expert_pairs_per_token(scout, s) == 16
+    assert flops_per_token(scout, s).trainable_matmul_params == c.total - c.embedding
