@@ -53,7 +53,7 @@ def fit_card(spec: RunSpec, arch: Arch, card: Card, planner: Planner,
         """The largest value of ``field`` that fits, searched upward from the smallest valid one
         (micro-batches in _batch_step steps; a sequence past a pair's or a generation's prompt),
         starting from the spec's own value where it is on the way."""
-        step = _batch_step(spec) if field == "micro_batch_size" else 1
+        step = _batch_step(spec) if field == "micro_batch_size" else _sequence_step(spec)
         first = step if field == "micro_batch_size" else _shortest_valid_sequence(spec)
         if first > upper:
             return 0
@@ -107,12 +107,19 @@ def _batch_step(spec: RunSpec) -> int:
     return o.generations // math.gcd(o.generations, per)
 
 
+def _sequence_step(spec: RunSpec) -> int:
+    """Sequence lengths in steps the context- (and sequence-) parallel ranks divide evenly."""
+    par = spec.parallel
+    return par.context * (par.tensor if par.sequence_parallel else 1)
+
+
 def _shortest_valid_sequence(spec: RunSpec) -> int:
     """The shortest sequence_length at which the spec is valid: 1 for SFT; past the prompt for a
     pair (a DPO spec with max_prompt_length 1024 starts at 1025) or a generation. Bisection
     between 1 and the spec's own length, which is valid."""
-    if _changed(spec, "sequence_length", 1) is not None:
-        return 1
+    split = _sequence_step(spec)
+    if _changed(spec, "sequence_length", split) is not None:
+        return split
     bad, good = 1, spec.sequence_length
     while good - bad > 1:
         mid = (bad + good) // 2

@@ -78,9 +78,10 @@ class Batch:
 
     @property
     def global_samples(self) -> int:
-        """Samples per optimizer step over the spec's ranks (G)."""
+        """Samples per optimizer step over the spec's data-parallel ranks (G): the tensor- and
+        context-parallel ranks of one replica share its samples."""
         s = self.spec
-        return s.micro_batch_size * s.gradient_accumulation_steps * s.parallel.world_size
+        return s.micro_batch_size * s.gradient_accumulation_steps * s.parallel.data_parallel
 
     @property
     def positions_per_micro_batch(self) -> int:
@@ -95,8 +96,8 @@ class Batch:
 
     @property
     def own(self) -> BatchSplit:
-        """The split at the spec's own rank count."""
-        return self.on(self.spec.parallel.world_size)
+        """The split at the spec's own (data-parallel) rank count."""
+        return self.on(self.spec.parallel.data_parallel)
 
     def on(self, world_size: int, *, exact: bool = True) -> BatchSplit:
         """The global batch G held on ``world_size`` ranks, each taking G / W samples as

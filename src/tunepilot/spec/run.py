@@ -20,6 +20,7 @@ from tunepilot.spec.kernels import KernelSpec
 from tunepilot.spec.method import MethodSpec, check_quant_storage, quant_storage_for
 from tunepilot.spec.moe import MoeSpec
 from tunepilot.spec.objective import ObjectiveSpec
+from tunepilot.spec.parallel import ParallelSpec, check_sequence_split
 from tunepilot.spec.precision import Precision
 from tunepilot.spec.yaml_input import read_yaml_mapping
 
@@ -28,7 +29,6 @@ StateDtype = Literal["fp32", "bf16"]
 Checkpointing = Literal["none", "full", "selective", "selective-op"]
 Implementation = Literal["transformers", "litgpt", "torchtune", "torchtitan", "megatron"]
 Task = Literal["causal-lm", "sequence-classification"]
-Strategy = Literal["single", "ddp", "fsdp"]
 
 # chunked_loss: lm_head + cross-entropy per this many tokens, recomputed in backward (the plan
 # and tunepilot's own training step use the same chunk).
@@ -87,31 +87,6 @@ class SchedulerSpec(_Strict):
 
     kind: Literal["constant", "linear", "cosine"] = "cosine"
     warmup_steps: int = Field(default=10, ge=0, le=10**9)
-
-
-class ParallelSpec(_Strict):
-    """How the run is spread over devices."""
-
-    strategy: Strategy = "single"
-    devices: int = Field(default=1, gt=0, le=4096)
-    nodes: int = Field(default=1, gt=0, le=4096)
-    reshard_after_forward: bool = True
-    cpu_offload: bool = False
-    fsdp_version: Literal[1, 2] = 2
-    """fsdp: 2 = fully_shard per decoder layer; 1 = FullyShardedDataParallel (model/shard.py)"""
-
-    @model_validator(mode="after")
-    def _single_means_one(self) -> ParallelSpec:
-        if self.strategy == "single" and (self.devices > 1 or self.nodes > 1):
-            raise ValueError(
-                f"strategy 'single' uses one device but devices={self.devices}, "
-                f"nodes={self.nodes}; set strategy: ddp or fsdp, or devices: 1"
-            )
-        return self
-
-    @property
-    def world_size(self) -> int:
-        return self.devices * self.nodes
 
 
 DataSource = Literal["synthetic", "tiny-text", "tiny-chat", "tiny-preference", "tiny-prompts",
@@ -379,13 +354,13 @@ class RunSpec(_Strict):
             raise ValueError(f"optimizer.state_dtype {o.state_dtype} on {what}: PyTorch keeps "
                              f"optimizer state in the parameter dtype; {fix}")
         check_quant_storage(self.method, self.parallel, self.quant_storage_dtype)
+        check_sequence_split(self.parallel, self.sequence_length)
         return self
 
     @property
     def quant_storage_dtype(self) -> str:
         """QLoRA: the dtype the 4-bit codes are packed in (method.quant_storage_for)."""
-        sharded = self.parallel.strategy == "fsdp" and self.parallel.world_size > 1
-        return quant_storage_for(self.method, sharded, self.frozen_base_dtype)
+        return quant_storage_for(self.method, self.parallel.shards_parameters, self.frozen_base_dtype)
 
     @property
     def loss_is_chunked(self) -> bool:

@@ -155,7 +155,7 @@ def _finish(m: Mapper, options: ImportOptions) -> None:
     """What every format shares once its keys are read: devices for a sharded run, and a
     max_steps target in tokens."""
     par = m.spec.get("parallel")
-    if par and par.get("strategy") in ("ddp", "fsdp"):
+    if par and par.get("strategy") in ("ddp", "fsdp", "deepspeed"):
         par["devices"] = options.devices or 8
         if options.devices is None:
             m.note("parallel.devices 8 assumed (one 8-GPU node; the launcher decides): pass "

@@ -17,7 +17,6 @@ from __future__ import annotations
 from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
-    deepspeed_strategy,
     fp8_precision,
     local_data,
     lora_targets,
@@ -28,6 +27,7 @@ from tunepilot.integrations.importers.common import (
     truthy,
     value_number,
 )
+from tunepilot.integrations.importers.deepspeed import deepspeed_strategy
 from tunepilot.integrations.importers.objectives import set_kind, trl_keys
 
 SOURCE = "axolotl"

@@ -322,65 +322,6 @@ def lora_targets(value: Any) -> list[str] | str | None:
     return None
 
 
-def deepspeed_strategy(m: Mapper, key: str, value: Any) -> None:
-    """A DeepSpeed config: ZeRO-3 shards like FSDP full shard; ZeRO-1/2 shard the optimizer
-    state only (planned as DDP, an upper bound). ``value`` is the config itself (a mapping) or
-    the path of its JSON file; a file that cannot be read falls back to the stage its name says
-    (zero3.json), a stage that is not 0-3 is refused naming the key."""
-    conf: Any = value
-    if isinstance(value, str):
-        p = config_path(m, key, value)
-        named = re.search(r"zero[_-]?(\d)", value.lower())
-        conf = _deepspeed_file(m, key, p)
-        if conf is None:
-            conf = {"zero_optimization": {"stage": int(named.group(1)) if named else 0}}
-            m.note(f"{key}: {value} is not a readable file here: planned as ZeRO-"
-                   f"{conf['zero_optimization']['stage']} (from its name)")
-    if not isinstance(conf, dict):
-        m.fail(key, f"is {str(value)[:60]}, not a DeepSpeed config (a mapping, or the path of "
-               "its JSON file).")
-    zero = conf.get("zero_optimization", {})
-    if zero is None:
-        zero = {}
-    if not isinstance(zero, dict):
-        m.fail(f"{key}.zero_optimization", f"is {str(zero)[:60]}, not a mapping of ZeRO "
-               "settings.", "E.g. zero_optimization: {stage: 3}.")
-    stage = zero.get("stage", 0)
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3, "0", "1", "2", "3"):
-        m.fail(f"{key}.zero_optimization.stage", f"is {str(stage)[:40]!r}, not a ZeRO stage.",
-               "DeepSpeed's stages are 0, 1, 2 and 3.")
-    stage = int(stage)
-    offload = isinstance(zero.get("offload_param"), dict) and \
-        zero["offload_param"].get("device") == "cpu"
-    if stage == 3:
-        m.set("parallel.strategy", "fsdp", key)
-        m.note("DeepSpeed ZeRO-3 is planned as FSDP full sharding (the same per-rank shards)")
-        if offload:
-            m.set("parallel.cpu_offload", True, key)
-    else:
-        m.set("parallel.strategy", "ddp", key)
-        m.note(f"DeepSpeed ZeRO-{stage} shards the optimizer state only; planned as DDP (an "
-               "upper bound on the per-rank memory)")
-
-
-def _deepspeed_file(m: Mapper, key: str, p: Path) -> Any:
-    """The DeepSpeed JSON at ``p`` (size- and depth-bounded); None when there is no such file;
-    a file that is there but not a readable DeepSpeed config is refused naming ``key``."""
-    from tunepilot.limits import Refused, load_json_capped
-    from tunepilot.spec.yaml_input import MAX_SPEC_BYTES
-
-    try:
-        return load_json_capped(p, MAX_SPEC_BYTES)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except Refused as exc:
-        m.fail(key, f"{p.name} {exc}: not a DeepSpeed config.",
-               "Point it at the run's ds_config JSON.")
-    except OSError as exc:
-        m.fail(key, f"{p.name} cannot be read ({exc.strerror or exc}).")
-    return None
-
-
 class DataUnavailable(UserError):
     """The config's dataset is not readable offline (see Mapper.data_unavailable)."""
 

@@ -20,7 +20,6 @@ from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
     config_path,
-    deepspeed_strategy,
     fp8_precision,
     local_data,
     lora_targets,
@@ -30,6 +29,7 @@ from tunepilot.integrations.importers.common import (
     scheduler,
     truthy,
 )
+from tunepilot.integrations.importers.deepspeed import deepspeed_strategy
 from tunepilot.integrations.importers.objectives import set_kind
 
 SOURCE = "llamafactory"

@@ -15,7 +15,6 @@ from __future__ import annotations
 from tunepilot.integrations.importers import kernels as importer_kernels
 from tunepilot.integrations.importers.common import (
     Mapper,
-    deepspeed_strategy,
     local_data,
     lora_targets,
     model_source,
@@ -24,6 +23,7 @@ from tunepilot.integrations.importers.common import (
     scheduler,
     truthy,
 )
+from tunepilot.integrations.importers.deepspeed import deepspeed_strategy
 from tunepilot.integrations.importers.objectives import (
     TRL_OBJECTIVE_KNOWN,
     guess_trl_kind,

@@ -16,17 +16,8 @@ Optimizer state exists from step 1 on, so every phase includes it (the plan is o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from tunepilot.model.arch import Arch, ParamCounts, linear_modules, lora_param_count
-from tunepilot.model.flops import (
-    DTYPE_BYTES,
-    default_optimizer_impl,
-    optimizer_bytes,
-    task_counts,
-    trainable_shapes,
-)
-from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
+from tunepilot.model.arch import Arch, ParamCounts, linear_modules
+from tunepilot.model.flops import default_optimizer_impl
 from tunepilot.plan.analytic import moe as moe_plan
 from tunepilot.plan.analytic import variants
 from tunepilot.plan.analytic.activations import (
@@ -39,153 +30,29 @@ from tunepilot.plan.analytic.activations import (
     precision_bytes,
     saved_activations,
 )
-from tunepilot.plan.analytic.phases import (
-    frozen_copies_bytes,
-    no_grad_forward_bytes,
-    objective_notes,
-    objective_phases,
+from tunepilot.plan.analytic.parallel import (
+    offload_note,
+    parallelize,
+    rank_view,
+    ring_bytes,
+    sequence_parallel_bytes,
+)
+from tunepilot.plan.analytic.phases import no_grad_forward_bytes, objective_notes, objective_phases
+from tunepilot.plan.analytic.states import (
+    States,
+    model_states,
+    split_params,
+    state_bytes,
+    task_counts,
 )
 from tunepilot.plan.reserve.core import reserve_note, varied_shapes
 from tunepilot.resources import runtime_constants
 from tunepilot.results.plan import MemoryPlan, ParamSplit, PerDevice, Phase
 from tunepilot.spec import RunSpec
 
-# NF4 (bitsandbytes / QLoRA paper, Dettmers et al. 2023, section 3): 4-bit codes = 0.5 B/param,
-# plus one fp32 absmax per block of 64 weights (4/64 B/param); with double quantization the absmax
-# values are 8-bit with one fp32 constant per 256 of them (1/64 + 4/(64*256) B/param).
-NF4_BYTES_PER_PARAM = 0.5
-NF4_ABSMAX_BYTES_PER_PARAM = 4 / 64
-NF4_DQ_ABSMAX_BYTES_PER_PARAM = 1 / 64 + 4 / (64 * 256)
+__all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "offload_note", "per_device_figures",
+           "runtime_constants", "split_params", "state_bytes", "task_counts"]
 
-__all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "per_device_figures", "runtime_constants",
-           "split_params"]
-
-
-
-def split_params(arch: Arch, spec: RunSpec) -> ParamSplit:
-    counts = task_counts(arch, spec)
-    if spec.method.is_lora:
-        lora = lora_param_count(arch, spec.method.lora_targets, spec.method.lora_rank or 1)
-        if spec.model.task == "sequence-classification":  # PEFT's SEQ_CLS trains the head
-            lora += counts.lm_head  # (a trainable copy beside the frozen original)
-        # DoRA's magnitude vectors; the modules_to_save copies (plan/analytic/variants.py)
-        lora += variants.dora_magnitude_params(arch, spec) + \
-            variants.saved_module_bytes(arch, spec)[0]
-        return ParamSplit(total=counts.total + lora, trainable=lora, frozen=counts.total)
-    return ParamSplit(total=counts.total, trainable=counts.total, frozen=0)
-
-
-@dataclass
-class _States:
-    """Model states of one device (bytes), before and after sharding."""
-
-    weights: int
-    master: int
-    grads: int
-    optim: int
-    optim_temp: int
-    frozen_bytes: int
-    trainable_bytes: int
-    linear_weights: int
-    lm_head_weights: int
-    unsharded: int = 0
-    buckets: int = 0
-    notes: list[str] = field(default_factory=list)
-
-
-def _frozen_bytes(spec: RunSpec, arch: Arch, params: ParamSplit, counts: ParamCounts,
-                  linear_weights: int, lm_head_weights: int, notes: list[str]) -> int:
-    """The frozen base: NF4 codes + absmax for QLoRA's quantized linears, else its dtype."""
-    if spec.method.kind != "qlora":
-        return params.frozen * (DTYPE_BYTES[spec.frozen_base_dtype] if params.frozen else 0)
-    m = spec.method
-    quant = linear_weights + (lm_head_weights if m.quantize_lm_head and
-                              not arch.tied_embeddings else 0)
-    absmax = NF4_DQ_ABSMAX_BYTES_PER_PARAM if m.double_quant else NF4_ABSMAX_BYTES_PER_PARAM
-    notes.append("QLoRA: NF4 base (bitsandbytes) for the decoder linears"
-                 + (" and lm_head" if m.quantize_lm_head else "") + "; embeddings, norms"
-                 + ("" if m.quantize_lm_head else " and lm_head") + " kept in 16 bit")
-    return (int(quant * (NF4_BYTES_PER_PARAM + absmax))
-            + DTYPE_BYTES[spec.frozen_base_dtype] * (counts.total - quant))
-
-
-def _model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
-                  counts: ParamCounts) -> _States:
-    """Weights, master weights, gradients and optimizer state of the unsharded model."""
-    _, _, pb = precision_bytes(spec)
-    notes: list[str] = []
-    linear_weights = sum(m.in_features * m.out_features * m.count_per_layer * m.layers
-                         for m in linear_modules(arch))
-    lm_head_weights = (spec.model.num_labels if spec.model.task == "sequence-classification"
-                       else arch.vocab_size) * arch.hidden_size
-    frozen = _frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
-    copies, copy_b = variants.saved_module_bytes(arch, spec)  # modules_to_save: base dtype
-    trainable_bytes = (params.trainable - copies) * pb + copies * copy_b
-    if spec.precision.mixed:  # the fp32 parameters updated are the master copy
-        weights, master = frozen, trainable_bytes
-    else:
-        weights, master = frozen + trainable_bytes, 0
-    impl = default_optimizer_impl(spec, stack)
-    optim, temp = optimizer_bytes(spec, params.trainable - copies, trainable_shapes(arch, spec),
-                                  impl)
-    if copies:  # their state in their own dtype; foreach steps each dtype's group in turn
-        o2, t2 = variants.saved_module_optimizer_bytes(arch, spec, impl)
-        optim, temp = optim + o2, (temp + t2 if copy_b == pb else max(temp, t2))
-    frozen_copies = frozen_copies_bytes(spec, counts.total)  # a reference / reward-model copy
-    if frozen_copies:
-        notes.append(f"a frozen copy of the model for the {_copies(spec)} in the compute dtype "
-                     f"({frozen_copies / 2**30:,.2f} GiB) among the weights")
-    return _States(weights + frozen_copies, master, trainable_bytes, optim, temp, frozen,
-                   trainable_bytes, linear_weights, lm_head_weights, notes=notes)
-
-
-def _copies(spec: RunSpec) -> str:
-    o = spec.objective
-    names = ["reference"] if o.reference_kind(spec.method.kind) == "copy" else []
-    return " and ".join(names + (["reward model"] if o.reward_model == "copy" else []))
-
-
-@dataclass(frozen=True)
-class StateBytes:
-    """The model states of the whole (unsharded) model, for the host plan."""
-
-    params: int
-    trainable: int
-    model_states: int
-    """weights + master weights + gradients + optimizer state (bytes)"""
-
-
-def state_bytes(spec: RunSpec, arch: Arch, stack: str = "cuda") -> StateBytes:
-    """The unsharded model states, by the same rule as the device plan (FSDP's CPU offload moves
-    each rank's 1/N of them to host memory)."""
-    params = split_params(arch, spec)
-    s = _model_states(spec, arch, stack, params, task_counts(arch, spec))
-    return StateBytes(params.total, params.trainable, s.weights + s.master + s.grads + s.optim)
-
-
-def _parallelize(spec: RunSpec, s: _States, counts: ParamCounts, cb: int) -> _States:
-    """FSDP shards the states 1/N and keeps some layers unsharded; DDP adds gradient buckets."""
-    N, par = spec.parallel.world_size, spec.parallel
-    if par.strategy == "fsdp":
-        s.weights, s.master, s.grads, s.optim, s.optim_temp = (
-            x // N for x in (s.weights, s.master, s.grads, s.optim, s.optim_temp))
-        root = counts.embedding + counts.lm_head
-        if par.reshard_after_forward:
-            s.unsharded = cb * (FSDP_UNSHARDED_LAYERS * counts.per_layer + root)
-            what = "2 layers + root"
-        else:
-            s.unsharded, what = cb * counts.total, "all layers (reshard_after_forward: false)"
-        s.notes.append(f"FSDP2 over {N} ranks: parameters, gradients and optimizer state sharded "
-                       f"1/{N}; unsharded {what} in compute dtype")
-        if par.cpu_offload:
-            host = s.weights + s.master + s.grads + s.optim
-            s.weights = s.master = s.optim = s.grads = s.optim_temp = 0
-            s.notes.append(offload_note(host))
-    elif par.strategy == "ddp" and N > 1:
-        s.buckets = s.grads
-        s.notes.append("DDP: gradient buckets are a second copy of the gradients "
-                       "(gradient_as_bucket_view=False, PyTorch's default)")
-    return s
 
 
 def lever_notes(spec: RunSpec) -> list[str]:
@@ -204,22 +71,16 @@ def lever_notes(spec: RunSpec) -> list[str]:
     return out
 
 
-def offload_note(host_bytes: int) -> str:
-    from tunepilot.units import fmt_bytes
-
-    return ("cpu_offload (FSDP2 CPUOffloadPolicy): sharded parameters, gradients and optimizer "
-            f"state live in host memory, {fmt_bytes(host_bytes)} per rank (pinned), and the "
-            "optimizer steps on the CPU; on the device: each layer's unsharded parameters while "
-            "it computes, its gradients until they are reduce-scattered and copied out")
-
-
-def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
+def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
     """The four phases of step 2+ and the validation pass, and the largest weight (what the
     load holds besides)."""
     cb, sb, _ = precision_bytes(spec)
     tokens = spec.batch.positions_per_micro_batch
-    shard = spec.parallel.world_size if spec.parallel.strategy == "fsdp" else 1
+    shard = spec.parallel.state_shards if spec.parallel.strategy == "fsdp" else 1
     saved, layer_ws = saved_activations(arch, spec, cb, sb, tokens)
+    # context parallel's ring and sequence parallel's gathered input, in a layer's working set
+    parallel_ws = ring_bytes(spec, arch, cb, tokens) + sequence_parallel_bytes(spec, arch, cb,
+                                                                               tokens)
     casts_fwd = casts_bwd = 0
     if spec.precision.mixed and (spec.method.kind == "full" or spec.frozen_base_dtype == "fp32"):
         # autocast casts each fp32 weight to 16 bit per matmul and caches the trainable ones
@@ -270,7 +131,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: _States) -> tuple[list[Phase], int]:
         Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
                    max(logits_transient, layer_bwd) + s.unsharded, s.buckets),
         Phase.make("backward-end", *states, grads, s.optim, layer_ws,
-                   cb * largest + dequant + recompute + fp8_ws + s.unsharded + (
+                   cb * largest + dequant + recompute + fp8_ws + parallel_ws + s.unsharded + (
                        optim_temp if grads < s.grads else 0), s.buckets),
         Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
         *([_validation_phase(spec, arch, s, cb, sb)] if spec.validation.enabled else []),
@@ -290,7 +151,7 @@ def _logprobs(spec: RunSpec, arch: Arch, cb: int) -> dict | None:
     return logprob_bytes(arch, spec, cb, rows)
 
 
-def _validation_phase(spec: RunSpec, arch: Arch, s: _States, cb: int, sb: int) -> Phase:
+def _validation_phase(spec: RunSpec, arch: Arch, s: States, cb: int, sb: int) -> Phase:
     """The validation pass: a forward without gradients at the validation micro-batch. The
     model states stay (gradients were freed by zero_grad(set_to_none=True)); nothing is saved
     for backward; the transient is the larger of one layer's MLP intermediates (gate, up and
@@ -310,15 +171,23 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: _States, cb: int, sb: int) -
 
 
 def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
-    """Plan one device's memory for the spec, for a card whose software stack is `stack`."""
-    cb, _, _ = precision_bytes(spec)
+    """Plan one device's memory for the spec, for a card whose software stack is `stack`:
+    the rank's slice of the model (tensor parallel), its share of the states (DDP, FSDP,
+    ZeRO) and the step it computes (its tokens under context/sequence parallel, DeepSpeed's
+    16-bit module) - plan/analytic/parallel.py."""
+    view = rank_view(spec, arch)
+    step = view.step_spec
+    cb, _, _ = precision_bytes(step)
     params = split_params(arch, spec)
-    counts = task_counts(arch, spec)
+    rank_params = split_params(view.states_arch, spec)
+    counts = task_counts(view.states_arch, spec)
     N = spec.parallel.world_size
-    shard = N if spec.parallel.strategy == "fsdp" else 1
-    s = _parallelize(spec, _model_states(spec, arch, stack, params, counts), counts, cb)
-    phases, largest = _timeline(spec, arch, s)
-    load_peak = _load_peak(spec, counts, s.frozen_bytes, s.trainable_bytes, largest, shard)
+    shard = spec.parallel.state_shards
+    s = model_states(spec, view.states_arch, stack, rank_params, counts)
+    s = parallelize(spec, view.states_arch, s, counts, rank_params, cb)
+    s.notes = view.notes + s.notes
+    phases, largest = _timeline(step, view.step_arch, s)
+    load_peak = _load_peak(spec, counts, s, largest, shard)
     peak = max(phases, key=lambda p: p.total_bytes)
     notes = s.notes + _notes(spec, arch, stack, load_peak > peak.total_bytes)
     notes.append(reserve_note(varied_shapes(spec), replayed=False))
@@ -327,7 +196,8 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
         per_device=per_device_figures(phases, s.buckets, stack, N, load_peak,
                                       varied=varied_shapes(spec)), phases=phases,
         peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
-        bytes_per_param=_bytes_per_param(params, s, shard),
+        bytes_per_param=_bytes_per_param(
+            rank_params, s, shard if spec.parallel.strategy == "fsdp" else 1),
         tokens_per_micro_batch=spec.batch.positions_per_micro_batch,
         tokens_per_optimizer_step=spec.batch.positions_per_step, world_size=N,
         strategy=spec.parallel.strategy, stack=stack, assumptions=notes)
@@ -425,26 +295,37 @@ def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size
         device_peak_bytes=reserved + overhead, load_peak_bytes=load_peak)
 
 
-def _load_peak(spec: RunSpec, counts: ParamCounts, frozen_bytes: int, trainable_bytes: int,
-               largest_weight: int, shard: int) -> int:
+def _load_peak(spec: RunSpec, counts: ParamCounts, s: States, largest_weight: int,
+               shard: int) -> int:
     """The model-load peak (lesson 8: loading can set the peak). Quantize-on-load (transformers +
     bitsandbytes) holds the quantized model plus one bf16 tensor; quantize-after-load holds the
-    whole bf16 base for a moment. Under FSDP the ranks load the model a unit at a time (rank-0
+    whole bf16 base for a moment. Under FSDP (and ZeRO-3 with zero3_init: deepspeed.zero.Init
+    partitions each module as it is built) the ranks load the model a unit at a time (rank-0
     or meta-device loading, as the FSDP recipes do: a unit materialised, flattened or chunked,
-    sharded): the shards loaded so far - none on the device with cpu_offload - plus two copies
-    of the largest unit (a decoder layer or the root's embeddings and lm_head)."""
-    stored = frozen_bytes + trainable_bytes
+    sharded): the shards loaded so far - none on the device with CPU offload - plus two copies
+    of the largest unit (a decoder layer or the root's embeddings and lm_head). ZeRO-0/1/2 (and
+    ZeRO-3 without zero3_init) load the whole model on every rank, in the engine's dtype."""
+    stored = s.frozen_bytes + s.trainable_bytes
+    par = spec.parallel
+    if par.strategy == "deepspeed":
+        b16 = 2 if spec.precision.mixed else 4
+        stored = s.frozen_bytes + (s.trainable_bytes * b16) // (4 if spec.precision.mixed else b16)
+        ds = par.deepspeed
+        if ds.stage < 3 or not ds.zero3_init:
+            return stored + 2 * largest_weight
     if shard > 1:
         root = counts.embedding + counts.lm_head
         per_param = stored / max(counts.total, 1)
         unit = int(max(counts.per_layer, root) * per_param)
-        return (0 if spec.parallel.cpu_offload else stored // shard) + 2 * unit
+        offloaded = par.cpu_offload or (par.strategy == "deepspeed" and
+                                        par.deepspeed.offload_param != "none")
+        return (0 if offloaded else stored // shard) + 2 * unit
     if spec.method.kind == "qlora" and not spec.method.quantize_on_load:
         return 2 * counts.total
     return stored + 2 * largest_weight
 
 
-def _bytes_per_param(params: ParamSplit, s: _States, shard: int) -> dict[str, float]:
+def _bytes_per_param(params: ParamSplit, s: States, shard: int) -> dict[str, float]:
     """Bytes per parameter by component, per the parameters they belong to (the worked example)."""
     tr = max(params.trainable, 1)
     total = max(params.total, 1)

@@ -120,9 +120,12 @@ def trace_in_child(spec: RunSpec, config: dict, stack: str, *,
     from pydantic import ValidationError
 
     timeout = float(timeout_s or os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
+    from tunepilot.plan.trace.parallel import trace_target
     from tunepilot.spec.fp8 import bf16_stand_in
 
-    job = TraceJob(spec=bf16_stand_in(spec).model_dump(mode="json"), config=config, stack=stack)
+    target, config = trace_target(spec, config, Arch.from_config(config))
+    job = TraceJob(spec=bf16_stand_in(target).model_dump(mode="json"), config=config,
+                   stack=stack)
     try:
         raw = run_child("tunepilot.plan.trace.step", job.model_dump(mode="json"),
                         timeout_s=timeout, what="the trace process")
@@ -181,6 +184,12 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     (``arch`` for what is modelled on top of the trace: activation offloading)."""
     N, strategy = spec.parallel.world_size, spec.parallel.strategy
     notes = list(raw.notes)
+    if arch is None and (spec.parallel.model_parallel or strategy == "deepspeed"):
+        raise ValueError("a tensor/context-parallel or DeepSpeed spec's traced plan needs the "
+                         "architecture")
+    from tunepilot.plan.trace.parallel import target_notes
+
+    notes += target_notes(spec)
     if arch is not None and in_use(spec):  # what the kernels and adapter variants change
         notes += kernel_notes(arch, spec)
     if arch is not None:
@@ -206,16 +215,26 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
                      "CPU); FP8's difference in each phase - weight casts, saved inputs, the "
                      "FP8 working set, the FP8 all-gather - from the analytic model "
                      "(plan/analytic/fp8.py), MODELLED, not traced")
-    sharded = strategy == "fsdp" and N > 1
-    if sharded and (raw.fsdp_version is None or raw.world_size != N):
+    dp = spec.parallel.replicas
+    sharded = strategy == "fsdp" and dp > 1
+    if sharded and (raw.fsdp_version is None or raw.world_size != dp):
         raise TraceFailed(f"the trace is of {raw.world_size} device(s) without FSDP, the spec "
-                          f"shards over {N} ranks; trace the spec itself (plan --trace)")
+                          f"shards over {dp} ranks; trace the spec itself (plan --trace)")
+    if spec.parallel.model_parallel:  # sequence parallel's split, the ring's buffers
+        from tunepilot.plan.trace.parallel import parallel_on_trace
+
+        phases_in = parallel_on_trace(spec, arch, phases_in)
     if sharded and spec.parallel.cpu_offload:
         phases_in, host = _offloaded(phases_in, raw.model.buffer_bytes)
         notes.append(offload_note(host) + " (the traced rank's sharded states moved to the "
                      "host by their tracked role; the unsharded layers, buffers and "
                      "activations stay as traced)")
-    elif strategy == "ddp" and N > 1:
+    elif strategy == "deepspeed":
+        from tunepilot.plan.trace.parallel import zero_on_trace
+
+        phases_in, buckets, _host, zero_notes = zero_on_trace(spec, arch, raw, phases_in)
+        notes += zero_notes
+    elif strategy == "ddp" and dp > 1:
         buckets = raw.model.trainable_bytes
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
                      "gradient_as_bucket_view=False) added to every phase")
@@ -233,7 +252,7 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     m = raw.model
     params = ParamSplit(total=m.total_params, trainable=m.trainable_params,
                         frozen=m.total_params - m.trainable_params)
-    shard = N if strategy == "fsdp" else 1
+    shard = dp if strategy == "fsdp" else 1
     trace = raw.facts()
     trace.update(status="traced", peak_phase=peak.name,
                  fsdp=_fsdp_facts(raw, peak.name) if sharded else None)

@@ -1,0 +1,288 @@
+"""What one rank holds when the run is spread over devices: the analytic plan's model states
+after data parallel (DDP, FSDP, DeepSpeed ZeRO-0..3), and the model and sequence one rank
+computes under tensor, sequence and context parallel. Pure arithmetic, no torch.
+
+  tensor (Megatron-style, Shoeybi et al. 2019)  each rank holds num_heads / t attention heads
+      (K/V heads too, replicated when fewer than t), intermediate_size / t of the MLP and
+      vocab / t of the embedding and lm_head (vocabulary-parallel embedding and cross-entropy):
+      its weights, gradients and optimizer state are those of that narrower model. Activations
+      follow Korthikanti et al. 2022 (Reducing Activation Recomputation, Table 2): without
+      sequence parallel the hidden-sized tensors (norm inputs, the attention and MLP inputs, the
+      residual) stay whole on every rank and the rest is split (sbh(10 + 24/t) without the s x s
+      term); with sequence_parallel every activation is split (sbh x 34/t).
+  context (ring attention)  each rank holds sequence_length / c tokens of every sample; K and V
+      chunks travel round the ring (two in flight in forward, K, V and their gradients in
+      backward).
+  ZeRO (Rajbhandari et al. 2020; DeepSpeed stage_1_and_2.py / stage3.py @03dc2b92) over the
+      data-parallel ranks N. The engine keeps the module in the 16-bit dtype under bf16/fp16
+      (bf16.enabled: the whole module, LoRA adapters included, cast by DeepSpeedEngine) and an
+      fp32 master copy in the optimizer, and computes in 16 bit without autocast:
+        stage 0   16-bit weights and gradients, fp32 master and optimizer state, all whole
+        stage 1   + master weights and optimizer state 1/N (and the fp32 gradient partition the
+                  step makes)
+        stage 2   + 16-bit gradients 1/N (grads_in_partition), reduced through contiguous
+                  reduce buckets of reduce_bucket_size elements (two with overlap_comm)
+        stage 3   + 16-bit parameters 1/N, parameters under stage3_param_persistence_threshold
+                  whole; while it computes a rank holds the gathered parameters: at most
+                  stage3_max_live_parameters, the layers reused within stage3_max_reuse_distance
+                  (the last layers of the forward, used again at once by the backward), the
+                  prefetch bucket and the module in use; the fp32 gradient of one sub_group_size
+                  slice at a time at the step
+      offload_optimizer cpu/nvme moves the master weights, optimizer state, fp32 gradients and
+      the step to the host; offload_param moves the 16-bit partitions (stage 3).
+Expert parallel (parallel.expert): the routed experts' share per rank is the architecture's
+arithmetic (model/arch.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from tunepilot.errors import SpecError
+from tunepilot.model.arch import Arch, ParamCounts
+from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
+from tunepilot.plan.analytic.states import States
+from tunepilot.results.plan import ParamSplit
+from tunepilot.spec import RunSpec
+from tunepilot.units import fmt_bytes
+
+# ZeRO-3's live parameters: the forward's last layers are kept gathered while their reuse (the
+# backward's first use) is nearer than stage3_max_reuse_distance elements fetched - the fetches
+# between the two uses are the later layers' forward and backward, so about half the distance
+# is kept (stage3.py PartitionedParameterCoordinator.release_sub_module).
+REUSE_KEPT_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class RankView:
+    """The model and step one rank computes, for the activation arithmetic."""
+
+    states_arch: Arch  # the parameters one rank holds before data-parallel sharding
+    step_arch: Arch  # the layer shapes its activations have
+    step_spec: RunSpec  # the step as one device runs it (its tokens, its compute precision)
+    notes: list[str] = field(default_factory=list)
+
+
+# Row-parallel matrices (their input dimension split; Megatron's RowParallelLinear): the
+# attention output and the MLP's down projection, by the names transformers gives them. Every
+# other decoder matrix but the router is column-parallel (its output split).
+ROW_PARALLEL = frozenset({"o_proj", "dense", "out_proj", "c_proj", "down_proj", "fc2",
+                          "dense_4h_to_h", "w2", "wo"})
+
+
+def _slice(lin, t: int, kv_out: int, kv_rank_out: int):
+    """One decoder matrix as a tensor-parallel rank holds it (K and V: the rank's K/V heads,
+    replicated when the model has fewer than t)."""
+    if lin.group == "router":
+        return lin  # replicated: every rank routes its tokens
+    if lin.name in ROW_PARALLEL:
+        return dataclasses.replace(lin, in_features=-(-lin.in_features // t))
+    if lin.group == "attention" and lin.out_features == kv_out:
+        return dataclasses.replace(lin, out_features=kv_rank_out)
+    return dataclasses.replace(lin, out_features=-(-lin.out_features // t))
+
+
+def tensor_arch(arch: Arch, t: int) -> Arch:
+    """The slice of the model one of t tensor-parallel ranks holds: attention heads, MLP columns
+    (each routed expert's too) and the vocabulary split; norms and the router whole."""
+    if t == 1:
+        return arch
+    if arch.num_heads % t:
+        raise SpecError("parallel.tensor", f"{t} tensor-parallel ranks cannot split the "
+                        f"model's {arch.num_heads} attention heads evenly.",
+                        f"Use a tensor size that divides {arch.num_heads}.")
+    kv_heads = max(1, arch.num_kv_heads // t)
+    kv_out = arch.num_kv_heads * arch.head_dim if arch.num_kv_heads < arch.num_heads else -1
+    decoder = tuple(_slice(lin, t, kv_out, kv_heads * arch.head_dim) for lin in arch.decoder)
+    return dataclasses.replace(
+        arch, num_heads=arch.num_heads // t, num_kv_heads=kv_heads,
+        intermediate_size=-(-arch.intermediate_size // t), vocab_size=-(-arch.vocab_size // t),
+        shared_intermediate_size=-(-arch.shared_intermediate_size // t),
+        dense_intermediate_size=-(-arch.dense_intermediate_size // t), decoder=decoder)
+
+
+def step_precision(spec: RunSpec) -> str:
+    """The precision one rank computes in: DeepSpeed's bf16/fp16 engines hold the module in 16
+    bit and run without autocast (memory as bf16-true; the fp32 master copy lives in the ZeRO
+    optimizer, see zero_states)."""
+    if spec.parallel.strategy == "deepspeed" and spec.precision.mixed:
+        return "bf16-true"
+    return spec.precision
+
+
+def rank_view(spec: RunSpec, arch: Arch) -> RankView:
+    """What one rank holds and computes under tensor/sequence/context parallel and DeepSpeed."""
+    par = spec.parallel
+    if par.strategy == "deepspeed" and spec.precision.is_fp8:
+        raise SpecError("precision", f"{spec.precision} under DeepSpeed is not planned.",
+                        "Plan FP8 with strategy fsdp or ddp, or use bf16-mixed with deepspeed.")
+    t, c, sp = par.tensor, par.context, par.sequence_parallel
+    split = c * (t if sp else 1)  # ranks a sample's tokens are divided over
+    notes: list[str] = []
+    changes: dict = {}
+    if split > 1:
+        changes["sequence_length"] = -(-spec.sequence_length // split)  # (the fit's search)
+    if par.model_parallel:  # the step of one rank: its replicas shard, its tokens are its own
+        changes["parallel"] = dict(par.model_dump(), devices=par.replicas, nodes=1, tensor=1,
+                                   context=1, sequence_parallel=False)
+    if step_precision(spec) != spec.precision:
+        changes["precision"] = step_precision(spec)
+        if spec.method.is_lora:  # DeepSpeedEngine casts the whole module, adapters included
+            changes["method"] = dict(spec.method.model_dump(), adapter_dtype="bf16")
+    step_spec = spec.with_changes(**changes) if changes else spec
+    states_arch = tensor_arch(arch, t)
+    if t > 1:
+        notes.append(f"tensor parallel {t}: each rank holds {states_arch.num_heads} of "
+                     f"{arch.num_heads} attention heads, {states_arch.intermediate_size} of "
+                     f"{arch.intermediate_size} MLP columns and 1/{t} of the vocabulary "
+                     "(weights, gradients and optimizer state of that slice); activations "
+                     + ("all split 1/t (sequence parallel: norms and residual split by tokens)"
+                        if sp else "split 1/t except the hidden-sized ones (norm inputs, the "
+                        "attention and MLP inputs), whole on every rank without "
+                        "sequence_parallel"))
+    if c > 1:
+        notes.append(f"context parallel {c}: each rank holds {spec.sequence_length // c} of the "
+                     f"{spec.sequence_length} tokens of every sample; K/V chunks travel round "
+                     "the ring (ring buffers in the layers' working set)")
+    return RankView(states_arch, arch if sp else states_arch, step_spec, notes)
+
+
+def ring_bytes(spec: RunSpec, arch: Arch, cb: int, tokens: int) -> int:
+    """Context parallel's ring buffers in the backward: the K and V chunk computed on and the
+    one arriving, and their gradients travelling back (cb bytes each)."""
+    if spec.parallel.context == 1:
+        return 0
+    return 2 * 2 * 2 * tokens * arch.kv_dim * cb
+
+
+def sequence_parallel_bytes(spec: RunSpec, arch: Arch, cb: int, tokens: int) -> int:
+    """Sequence parallel's all-gathered layer input (the whole sequence, hidden-sized) alive
+    while a block's column-parallel linears run; `tokens` is this rank's share."""
+    if not spec.parallel.sequence_parallel:
+        return 0
+    return cb * arch.hidden_size * tokens * spec.parallel.tensor
+
+
+def parallelize(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, params: ParamSplit,
+                cb: int) -> States:
+    """The data-parallel strategy's share of the model states on one rank (the tensor-parallel
+    slice already taken by `counts`/`params`)."""
+    par = spec.parallel
+    N = par.replicas
+    if par.strategy == "fsdp":
+        return _fsdp(spec, s, counts, cb, N)
+    if par.strategy == "deepspeed":
+        return zero_states(spec, arch, s, counts, params)
+    if par.strategy == "ddp" and N > 1:
+        s.buckets = s.grads
+        s.notes.append("DDP: gradient buckets are a second copy of the gradients "
+                       "(gradient_as_bucket_view=False, PyTorch's default)")
+    return s
+
+
+def _fsdp(spec: RunSpec, s: States, counts: ParamCounts, cb: int, N: int) -> States:
+    par = spec.parallel
+    s.weights, s.master, s.grads, s.optim, s.optim_temp = (
+        x // N for x in (s.weights, s.master, s.grads, s.optim, s.optim_temp))
+    root = counts.embedding + counts.lm_head
+    if par.reshard_after_forward:
+        s.unsharded = cb * (FSDP_UNSHARDED_LAYERS * counts.per_layer + root)
+        what = "2 layers + root"
+    else:
+        s.unsharded, what = cb * counts.total, "all layers (reshard_after_forward: false)"
+    s.notes.append(f"FSDP2 over {N} ranks: parameters, gradients and optimizer state sharded "
+                   f"1/{N}; unsharded {what} in compute dtype")
+    if par.cpu_offload:
+        host = s.weights + s.master + s.grads + s.optim
+        s.weights = s.master = s.optim = s.grads = s.optim_temp = 0
+        s.notes.append(offload_note(host))
+    return s
+
+
+def offload_note(host_bytes: int) -> str:
+    return ("cpu_offload (FSDP2 CPUOffloadPolicy): sharded parameters, gradients and optimizer "
+            f"state live in host memory, {fmt_bytes(host_bytes)} per rank (pinned), and the "
+            "optimizer steps on the CPU; on the device: each layer's unsharded parameters while "
+            "it computes, its gradients until they are reduce-scattered and copied out")
+
+
+def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, params: ParamSplit
+                ) -> States:
+    """DeepSpeed ZeRO's states on one rank (see the module docstring for each stage)."""
+    ds, N = spec.parallel.deepspeed, spec.parallel.replicas
+    b16 = 2 if spec.precision.mixed else 4  # the module's dtype (bf16/fp16 engine, or fp32)
+    t = params.trainable
+    weights = s.frozen_bytes + t * b16  # the module: frozen base as stored, trainables in b16
+    master, grads, optim, temp = 4 * t, t * b16, s.optim, s.optim_temp
+    step_grads = 4 * t  # the fp32 gradient the step hands the optimizer
+    stage = ds.stage
+    if stage >= 1:
+        master, optim, temp, step_grads = master // N, optim // N, temp // N, step_grads // N
+    if stage >= 2:
+        grads //= N
+    if stage == 3:
+        step_grads = min(step_grads, 4 * ds.sub_group_size)
+    h = arch.hidden_size
+    bucket = ds.elements("reduce_bucket_size", h) * b16
+    if stage == 0:
+        s.buckets = min(bucket, t * b16)  # the flattened all-reduce bucket
+    elif stage < 3:
+        s.buckets = bucket * (2 if ds.overlaps else 1) if ds.contiguous_gradients else 0
+    else:
+        s.buckets = bucket
+    notes = [f"DeepSpeed ZeRO-{stage} over {N} ranks: "
+             + _zero_sharded_words(stage) + f"; the module in {b16 * 8}-bit, an fp32 master "
+             f"copy in the optimizer; reduce buckets {fmt_bytes(s.buckets)}"]
+    if stage == 3:
+        weights, gathered = _zero3_weights(spec, arch, counts, weights, params, N)
+        s.unsharded = gathered
+        notes.append(f"ZeRO-3: up to {fmt_bytes(gathered)} of gathered 16-bit parameters while "
+                     "it computes (stage3_max_live_parameters, the layers reused within "
+                     "stage3_max_reuse_distance, the prefetch bucket, the module in use); "
+                     "parameters under stage3_param_persistence_threshold kept whole")
+    host = 0
+    if ds.offload_optimizer != "none":
+        host += master + optim + step_grads + (grads if stage >= 2 else 0)
+        master = optim = temp = step_grads = 0
+        if stage >= 2:
+            grads = 0
+        notes.append(f"offload_optimizer {ds.offload_optimizer}: master weights, optimizer "
+                     f"state and gradient partitions in host memory ({fmt_bytes(host)} per rank), "
+                     "the optimizer steps on the CPU")
+    if ds.offload_param != "none":
+        persistent = counts.norms * b16
+        host += max(0, weights - persistent)
+        notes.append(f"offload_param {ds.offload_param}: the 16-bit parameter partitions in "
+                     "host memory; only the gathered and the persistent ones on the device")
+        weights = min(weights, persistent)
+    s.weights, s.master, s.grads, s.optim = weights, master, grads, optim
+    s.optim_temp = temp + step_grads
+    s.host = host
+    s.notes += notes
+    return s
+
+
+def _zero_sharded_words(stage: int) -> str:
+    return {0: "nothing sharded (master weights and optimizer state whole)",
+            1: "master weights and optimizer state sharded",
+            2: "master weights, optimizer state and gradients sharded",
+            3: "parameters, master weights, optimizer state and gradients sharded"}[stage]
+
+
+def _zero3_weights(spec: RunSpec, arch: Arch, counts: ParamCounts, weights: int,
+                   params: ParamSplit, N: int) -> tuple[int, int]:
+    """(the rank's 16-bit partition + the persistent parameters, the gathered parameters)."""
+    ds = spec.parallel.deepspeed
+    per_param = weights / max(1, params.total)
+    h = arch.hidden_size
+    persistent = counts.norms  # norms' weights (and biases) sit under any threshold in use
+    partitioned = max(0, params.total - persistent)
+    layer = counts.per_layer
+    live = min(ds.stage3_max_live_parameters,
+               int(REUSE_KEPT_FRACTION * ds.stage3_max_reuse_distance)
+               + ds.elements("stage3_prefetch_bucket_size", h) + max(layer, counts.lm_head),
+               partitioned)
+    if ds.stage3_param_persistence_threshold == 0:
+        persistent = 0
+    return int(partitioned * per_param) // N + int(persistent * per_param), int(live * per_param)

@@ -1,0 +1,183 @@
+"""DeepSpeed ZeRO as a strategy, and tensor / sequence / context parallel: imported from the
+user's ds_config, planned per rank with the states each stage shards, its collectives for the
+time model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tunepilot.errors import SpecError, UserError
+from tunepilot.integrations.importers import ImportOptions, import_config
+from tunepilot.model.arch import resolve_arch
+from tunepilot.plan.analytic.collectives import collectives
+from tunepilot.plan.analytic.core import analytic_plan
+from tunepilot.spec import spec_from_dict
+
+CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
+DS = CONFIGS / "deepspeed"
+
+
+def _llamafactory(tmp_path, ds) -> dict:
+    raw = yaml.safe_load((CONFIGS / "llamafactory-llama3-lora-sft.yaml").read_text())
+    raw["deepspeed"] = ds
+    raw["finetuning_type"] = "full"
+    p = tmp_path / "lf.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return import_config(p, options=ImportOptions(synthetic_data=True, devices=8))
+
+
+def test_llamafactory_zero2_config_is_deepspeed_stage_2_not_ddp(tmp_path):
+    (tmp_path / "ds_z2_config.json").write_text((DS / "ds_z2_config.json").read_text())
+    r = _llamafactory(tmp_path, "ds_z2_config.json")
+    par = r.spec.parallel
+    assert par.strategy == "deepspeed" and par.deepspeed.stage == 2
+    assert par.deepspeed.reduce_bucket_size == 500_000_000  # 5e8 in the JSON
+    assert par.deepspeed.overlap_comm is False
+    assert r.mapped["deepspeed"] == "parallel.deepspeed"
+    assert not any("DDP" in n for n in r.notes)
+
+
+def test_axolotl_zero3_keeps_auto_buckets_and_hf_args_read_offload_inline(tmp_path):
+    raw = yaml.safe_load((CONFIGS / "axolotl-lora-8b.yml").read_text())
+    raw["deepspeed"] = str(DS / "ds_z3_config.json")
+    p = tmp_path / "ax.yml"
+    p.write_text(yaml.safe_dump(raw))
+    ds = import_config(p, options=ImportOptions(synthetic_data=True)).spec.parallel.deepspeed
+    assert ds.stage == 3 and ds.reduce_bucket_size == "auto"
+    assert ds.stage3_max_live_parameters == 1_000_000_000
+    assert ds.elements("reduce_bucket_size", 4096) == 4096 * 4096  # HF's auto: h x h
+
+    body = json.loads((CONFIGS / "hf-training-args.json").read_text())
+    body.pop("fsdp")
+    body["deepspeed"] = json.loads((DS / "ds_z3_offload_config.json").read_text())
+    p = tmp_path / "args.json"
+    p.write_text(json.dumps(body))
+    ds = import_config(p, options=ImportOptions(synthetic_data=True)).spec.parallel.deepspeed
+    assert (ds.stage, ds.offload_optimizer, ds.offload_param) == (3, "cpu", "cpu")
+
+
+def test_an_unreadable_ds_config_takes_the_stage_its_name_says_and_says_so(tmp_path):
+    r = _llamafactory(tmp_path, "examples/deepspeed/ds_z3_config.json")
+    assert r.spec.parallel.deepspeed.stage == 3
+    assert any("file name" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("zero,word", [({"stage": 5}, "stage"),
+                                        ({"stage": 2, "reduce_bucket_size": "lots"},
+                                         "reduce_bucket_size"),
+                                        ({"stage": 3, "offload_param": {"device": "disk"}},
+                                         "offload_param")])
+def test_a_bad_ds_config_value_is_refused_naming_it(tmp_path, zero, word):
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": zero}))
+    with pytest.raises(UserError) as e:
+        _llamafactory(tmp_path, "ds.json")
+    assert word in str(e.value)
+
+
+def _plan(par: dict, kind: str = "full", **fields):
+    spec = spec_from_dict({"model": {"preset": "llama-3.2-1b"}, "method": {"kind": kind},
+                           "sequence_length": 1024, "activation_checkpointing": "full",
+                           "parallel": par, **fields})
+    return spec, analytic_plan(spec, resolve_arch(spec))
+
+
+def test_each_zero_stage_shards_its_states_per_rank():
+    plans = [_plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": stage}})[1]
+             for stage in (0, 1, 2, 3)]
+    d0, d1, d2, d3 = (p.per_device for p in plans)
+    # stage 1: fp32 master weights and optimizer state 1/8
+    assert d1.master_weights_bytes == d0.master_weights_bytes // 8
+    assert d1.optimizer_bytes == d0.optimizer_bytes // 8
+    assert d1.gradients_bytes == d0.gradients_bytes  # 16-bit gradients whole
+    # stage 2: + gradients 1/8; stage 3: + the 16-bit weights (about 1/8: norms kept whole)
+    assert d2.gradients_bytes == d0.gradients_bytes // 8
+    assert d2.weights_bytes == d0.weights_bytes
+    assert d0.weights_bytes / 8 <= d3.weights_bytes < d0.weights_bytes / 7
+    # DeepSpeed's engine holds the module in bf16: weights are 2 B per parameter
+    assert d0.weights_bytes == 2 * plans[0].params.total
+    assert d0.allocated_peak_bytes > d1.allocated_peak_bytes > d2.allocated_peak_bytes \
+        > d3.allocated_peak_bytes
+
+
+def test_zero_offload_leaves_only_the_working_set_on_the_device():
+    _, on = _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 3}})
+    _, off = _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {
+        "stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}})
+    assert off.per_device.optimizer_bytes == off.per_device.master_weights_bytes == 0
+    assert off.per_device.allocated_peak_bytes < on.per_device.allocated_peak_bytes
+    assert any("offload_optimizer cpu" in n for n in off.assumptions)
+
+
+def test_deepspeed_settings_need_the_deepspeed_strategy_and_stage_3_for_param_offload():
+    with pytest.raises(SpecError, match="strategy"):
+        spec_from_dict({"model": {"preset": "tiny"}, "parallel": {
+            "strategy": "ddp", "devices": 2, "deepspeed": {"stage": 3}}})
+    with pytest.raises(SpecError, match="stage 3"):
+        spec_from_dict({"model": {"preset": "tiny"}, "parallel": {
+            "strategy": "deepspeed", "devices": 2, "deepspeed": {"stage": 2,
+                                                                 "offload_param": "cpu"}}})
+
+
+def test_tensor_parallel_splits_the_states_and_sequence_parallel_the_activations():
+    _, one = _plan({"strategy": "ddp", "devices": 2})
+    _, tp = _plan({"strategy": "ddp", "devices": 8, "tensor": 4})
+    _, sp = _plan({"strategy": "ddp", "devices": 8, "tensor": 4, "sequence_parallel": True})
+    # each of 4 tensor ranks holds about a quarter of the model (norms whole)
+    ratio = tp.per_device.master_weights_bytes / one.per_device.master_weights_bytes
+    assert 0.25 <= ratio < 0.26
+    assert sp.per_device.activations_bytes < tp.per_device.activations_bytes
+    assert tp.tokens_per_optimizer_step == one.tokens_per_optimizer_step  # dp = 2 in both
+
+
+def test_context_parallel_divides_the_tokens_and_refuses_an_uneven_split():
+    _, one = _plan({"strategy": "fsdp", "devices": 2})
+    _, cp = _plan({"strategy": "fsdp", "devices": 4, "context": 2})
+    assert cp.per_device.activations_bytes < one.per_device.activations_bytes
+    with pytest.raises(SpecError, match="context 4"):
+        spec_from_dict({"model": {"preset": "tiny"}, "sequence_length": 1022, "parallel": {
+            "strategy": "fsdp", "devices": 4, "context": 4}})
+    with pytest.raises(SpecError, match="divide"):
+        spec_from_dict({"model": {"preset": "tiny"}, "parallel": {
+            "strategy": "ddp", "devices": 6, "tensor": 4}})
+
+
+def test_the_time_model_reads_each_strategys_collectives():
+    spec, _ = _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 3}})
+    arch = resolve_arch(spec)
+    ops = {(c.op, c.group) for c in collectives(spec, arch)}
+    assert ops == {("reduce-scatter", "data"), ("all-gather", "data")}
+    gather = next(c for c in collectives(spec, arch) if c.op == "all-gather")
+    assert gather.calls_per_step == 2  # forward and backward, one micro-batch
+    spec, _ = _plan({"strategy": "ddp", "devices": 8, "tensor": 2, "context": 2,
+                     "sequence_parallel": True})
+    groups = {c.group for c in collectives(spec, arch)}
+    assert groups == {"data", "tensor", "context"}
+    single, _ = _plan({"strategy": "single"})
+    assert collectives(single, arch) == []
+
+
+@pytest.mark.parametrize("par", [
+    {"strategy": "deepspeed", "devices": 4, "deepspeed": {"stage": 3}},
+    {"strategy": "ddp", "devices": 4, "tensor": 2, "context": 2},
+])
+def test_the_trace_plans_one_rank_and_says_how(par):
+    from tunepilot.plan.trace.core import make_traced_plan
+
+    spec = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
+                           "sequence_length": 256, "parallel": par})
+    plan = make_traced_plan(spec, card_ids=["h100-sxm-80gb"])
+    assert plan.fidelity == "trace", plan.assumptions[0]
+    analytic = analytic_plan(spec, resolve_arch(spec))
+    if par["strategy"] == "deepspeed":
+        assert any("does not run on fake tensors" in n for n in plan.assumptions)
+        # the traced rank holds ZeRO-3's shard of the 16-bit weights, as the analytic rank
+        assert plan.per_device.weights_bytes == pytest.approx(
+            analytic.per_device.weights_bytes, rel=0.1)
+    else:
+        assert any("1/2 slice" in n for n in plan.assumptions)
+        assert plan.per_device.master_weights_bytes == pytest.approx(
+            analytic.per_device.master_weights_bytes, rel=0.1)
