@@ -72,6 +72,15 @@ def shard_model(model, spec, *, mesh=None, device=None, offload: bool = False,
         fully_shard(layer, **kw)
     if materialize is not None:
         materialize(model)
+    if spec.loss_is_chunked and spec.model.task == "causal-lm":
+        # the chunked loss calls the decoder body and lm_head apart (training/step.py), never
+        # the root's forward: each is its own unit so its own hooks gather it (torchtune shards
+        # tok_embeddings and output as their own units too: custom_sharded_layers)
+        from tunepilot.model.build import output_head
+
+        body, head = output_head(model)
+        fully_shard(head, **kw)
+        fully_shard(body, **kw)
     fully_shard(model, **kw)
     return model
 

@@ -7,8 +7,12 @@
                    matmul dequantising a weight-sized temporary in forward and again in backward
     8-bit / paged  bitsandbytes optimizers: a stand-in holding the same state tensors
     GradScaler     fp16 loss scaling without the data-dependent inf check
-    CUDA autocast  CUDA's float32 op list applied under CPU autocast
+    CUDA autocast  CUDA's float32 op list applied under CPU autocast - in the forward and in
+                   activation checkpointing's recompute (which runs inside the backward)
     packing check  transformers' data-dependent test for packed rows, answered as the batch is
+    fused dropout  attention dropout inside the fused GPU kernels (flash-attention 2/3, SDPA's
+                   flash and memory-efficient kernels): no mask kept, as the kernels regenerate
+                   it from the RNG state in the backward
 Used by the traced plan (plan/trace/step.py) and its tests; importing this imports torch.
 """
 
@@ -216,3 +220,67 @@ class CudaAutocastRules(torch.overrides.TorchFunctionMode):
             with torch.autocast("cpu", enabled=False):
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+class CudaAutocastInRecompute:
+    """CudaAutocastRules also in activation checkpointing's recompute. The recompute runs inside
+    ``loss.backward()``, and a TorchFunctionMode is off while it handles an op (backward
+    included), so the recomputed layer would run CPU autocast's rules where the forward ran
+    CUDA's - and checkpoint refuses the mismatch ("Recomputed values ... have different
+    metadata": a fp32 tensor saved in the forward, bf16 in the recompute). Every non-reentrant
+    checkpoint (transformers' layers, the chunked loss) gets the rules in its recompute context,
+    besides its own (selective checkpointing's policy)."""
+
+    def __enter__(self):
+        import contextlib
+        from unittest import mock
+
+        import torch.utils.checkpoint as cp
+
+        orig = cp._checkpoint_without_reentrant_generator
+
+        def generator(fn, preserve_rng_state=True, context_fn=cp.noop_context_fn, *args,
+                      **kwargs):
+            def with_rules():
+                forward_ctx, recompute_ctx = context_fn()
+                stack = contextlib.ExitStack()
+
+                class _Both:
+                    def __enter__(self):
+                        stack.enter_context(recompute_ctx)
+                        stack.enter_context(CudaAutocastRules())
+
+                    def __exit__(self, *exc):
+                        return stack.__exit__(*exc)
+
+                return forward_ctx, _Both()
+
+            return orig(fn, preserve_rng_state, with_rules, *args, **kwargs)
+
+        self._patch = mock.patch.object(cp, "_checkpoint_without_reentrant_generator", generator)
+        self._patch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._patch.__exit__(*exc)
+
+
+def fused_attention_dropout():
+    """SDPA called without its dropout: the CPU kernels have no fused dropout, so SDPA with
+    dropout_p > 0 takes the math path and keeps a (batch, heads, s, s) attention matrix and
+    dropout mask for the backward (an 80-head model at 4096 tokens: ~10 GiB per layer) that the
+    GPU's flash and memory-efficient kernels never hold - they apply dropout in the kernel and
+    regenerate the mask from the saved RNG state. The forward's memory is the same without it.
+    Used when the spec's attention is not eager (eager really keeps its dropout mask)."""
+    from unittest import mock
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def without_dropout(*args, **kwargs):
+        if len(args) > 4:
+            args = (*args[:4], 0.0, *args[5:])
+        kwargs.pop("dropout_p", None)
+        return sdpa(*args, **kwargs)
+
+    return mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
+                             without_dropout)

@@ -31,9 +31,11 @@ from tunepilot.plan.trace.messages import TraceJob, TraceResult
 from tunepilot.plan.trace.replay import replayed
 from tunepilot.plan.trace.standins import (
     BnbStandIn,
+    CudaAutocastInRecompute,
     CudaAutocastRules,
     ScalerStandIn,
     emulate_nf4,
+    fused_attention_dropout,
     to_fake,
     unpacked_sequences,
 )
@@ -498,9 +500,12 @@ def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str
     if cuda_rules:
         t.notes.append("autocast: CUDA's rules (its float32 op list: layer_norm, softmax, pow, "
                        "exp, sum, ... run in fp32) applied to the CPU trace")
-    packing = unpacked_sequences() if fake and not getattr(spec.data, "packing", False) else contextlib.nullcontext()
+    packing = unpacked_sequences() if fake and not getattr(spec.data, "packing", False) \
+        else contextlib.nullcontext()
     with t.fake_mode or contextlib.nullcontext(), packing, \
-            CudaAutocastRules() if cuda_rules else contextlib.nullcontext():
+            CudaAutocastRules() if cuda_rules else contextlib.nullcontext(), \
+            CudaAutocastInRecompute() if cuda_rules else contextlib.nullcontext(), \
+            _attention_dropout(t):
         info = register_model(t.tracker, t.run.model, spec, t.nf4, t.run.state.reference,
                               t.counts or None)
         t.buffer_seqs = set(info.pop("buffer_seqs"))
@@ -544,6 +549,20 @@ def _summary(t: _Traced, n_step1: int, step2, attention: str, kernel: str, fake:
         "attention_kernel": kernel, "optimizer_impl": t.impl, "num_ops": tr.num_ops,
         "notes": t.notes,
     }
+
+
+def _attention_dropout(t: _Traced):
+    """The GPU kernels' fused attention dropout (standins.fused_attention_dropout), said when
+    the model has any."""
+    cfg = t.run.model.config
+    p = float(getattr(cfg, "attention_dropout", 0) or getattr(cfg, "attn_pdrop", 0) or 0)
+    if p == 0 or t.spec.kernels.attention == "eager":
+        return contextlib.nullcontext()
+    t.notes.append(f"attention dropout {p:g}: inside {t.spec.kernels.attention}'s fused kernel "
+                   "on the GPU (the mask regenerated from the RNG state, never stored); traced "
+                   "without it, as the CPU kernels have no fused dropout (their math path would "
+                   "keep an s x s matrix and mask per head)")
+    return fused_attention_dropout()
 
 
 def attention_path(tracker: StorageTracker) -> tuple[str, str]:

@@ -1,0 +1,65 @@
+"""The trace holds what the GPU holds: the three specs that fell back to the analytic plan now
+trace (CUDA autocast's rules in checkpointing's recompute; FSDP with a chunked loss), and the
+GPU kernels' fused attention dropout keeps no s x s matrix."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from tunepilot.plan.trace.step import trace_step  # noqa: E402
+from tunepilot.spec import spec_from_dict  # noqa: E402
+
+SMALL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 1024}
+
+
+def _trace(config: dict, **fields):
+    spec = spec_from_dict({"model": {"preset": "tiny"}, "sequence_length": 128, **fields})
+    return trace_step(spec, config, "cuda")
+
+
+@pytest.mark.parametrize("config,fields", [
+    # fp16-mixed BERT with eager attention: layer_norm and softmax run in fp32 under CUDA's
+    # autocast; the recompute ran them in fp16 and checkpoint refused the mismatch
+    ({"model_type": "bert", **SMALL},
+     {"precision": "fp16-mixed", "kernels": {"attention": "eager"}, "method": {"kind": "full"},
+      "model": {"preset": "tiny", "task": "sequence-classification"}}),
+    # a QLoRA model whose activation (xIELU: expm1, exp) is on CUDA autocast's fp32 list
+    ({"model_type": "apertus", "num_key_value_heads": 2, "hidden_act": "xielu", **SMALL},
+     {"method": {"kind": "qlora", "lora_targets": "all-linear"}}),
+])
+def test_a_checkpointed_mixed_precision_step_recomputes_under_cudas_autocast_rules(config,
+                                                                                   fields):
+    raw = _trace(config, activation_checkpointing="full", **fields)
+    assert raw.peak_bytes > 0
+    assert any("CUDA's rules" in n for n in raw.notes)
+
+
+def test_fsdp_with_a_chunked_loss_gathers_the_body_and_the_head_it_calls():
+    tiny = {"model_type": "llama", "num_key_value_heads": 2, **SMALL}
+    raw = _trace(tiny, precision="bf16-true", chunked_loss=True, torch_compile=True,
+                 activation_checkpointing="full", method={"kind": "full"},
+                 model={"preset": "tiny", "implementation": "torchtune"},
+                 parallel={"strategy": "fsdp", "devices": 2})
+    assert raw.fsdp_version == 2 and raw.world_size == 2
+
+
+def test_fused_attention_dropout_keeps_no_attention_matrix():
+    """Seed-OSS ships attention_dropout 0.1: on the CPU SDPA takes its math path for dropout
+    and keeps a (heads, s, s) matrix the GPU's flash kernel never holds."""
+    cfg = {"model_type": "seed_oss", "num_key_value_heads": 2, "head_dim": 32, **SMALL,
+           "num_attention_heads": 16}
+    fields = {"method": {"kind": "lora"}, "precision": "bf16-true", "sequence_length": 512,
+              "kernels": {"attention": "flash-attention-2"}}
+    with_dropout = _trace(dict(cfg, attention_dropout=0.1), **fields)
+    without = _trace(dict(cfg, attention_dropout=0.0), **fields)
+    assert with_dropout.peak_bytes == without.peak_bytes
+    assert any("attention dropout 0.1" in n for n in with_dropout.notes)
+    eager = _trace(dict(cfg, attention_dropout=0.1),
+                   **dict(fields, kernels={"attention": "eager"}))
+    s_by_s = 16 * 512 * 512  # one layer's attention matrix, elements
+    assert eager.peak_bytes > without.peak_bytes + s_by_s  # eager really keeps it
