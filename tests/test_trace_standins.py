@@ -23,9 +23,11 @@ def _trace(config: dict, **fields):
 
 
 @pytest.mark.parametrize("config,fields", [
-    # fp16-mixed BERT with eager attention: layer_norm and softmax run in fp32 under CUDA's
-    # autocast; the recompute ran them in fp16 and checkpoint refused the mismatch
-    ({"model_type": "bert", **SMALL},
+    # an fp16-mixed classifier with eager attention and a Python GELU (pow, tanh): those run in
+    # fp32 under CUDA's autocast; the recompute ran them in fp16 and checkpoint refused the
+    # mismatch (as fp16 BERT with eager attention did)
+    ({"model_type": "gpt2", "n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 512,
+      "n_positions": 1024},
      {"precision": "fp16-mixed", "kernels": {"attention": "eager"}, "method": {"kind": "full"},
       "model": {"preset": "tiny", "task": "sequence-classification"}}),
     # a QLoRA model whose activation (xIELU: expm1, exp) is on CUDA autocast's fp32 list
@@ -49,9 +51,10 @@ def test_fsdp_with_a_chunked_loss_gathers_the_body_and_the_head_it_calls():
 
 
 def test_fused_attention_dropout_keeps_no_attention_matrix():
-    """Seed-OSS ships attention_dropout 0.1: on the CPU SDPA takes its math path for dropout
-    and keeps a (heads, s, s) matrix the GPU's flash kernel never holds."""
-    cfg = {"model_type": "seed_oss", "num_key_value_heads": 2, "head_dim": 32, **SMALL,
+    """Seed-OSS ships attention_dropout 0.1 (a llama-style config with it here): on the CPU SDPA
+    takes its math path for dropout and keeps a (heads, s, s) matrix the GPU's flash kernel
+    never holds."""
+    cfg = {"model_type": "llama", "num_key_value_heads": 2, "head_dim": 32, **SMALL,
            "num_attention_heads": 16}
     fields = {"method": {"kind": "lora"}, "precision": "bf16-true", "sequence_length": 512,
               "kernels": {"attention": "flash-attention-2"}}

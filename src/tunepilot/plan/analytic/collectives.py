@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tunepilot.model.arch import Arch
+from tunepilot.model.arch import Arch, tensor_slice
 from tunepilot.plan.analytic.activations import precision_bytes
-from tunepilot.plan.analytic.parallel import rank_view, tensor_arch
+from tunepilot.plan.analytic.parallel import rank_view
 from tunepilot.plan.analytic.states import split_params
 from tunepilot.spec import RunSpec
 
@@ -148,7 +148,7 @@ def _context_parallel(spec: RunSpec, arch: Arch) -> list[Collective]:
     if c == 1:
         return []
     cb, _, _ = precision_bytes(spec)
-    local = tensor_arch(arch, par.tensor)
+    local = tensor_slice(arch, par.tensor)
     tokens = spec.batch.positions_per_micro_batch // c
     kv = 2 * cb * local.kv_dim * tokens  # one K and V chunk
     A, L = spec.gradient_accumulation_steps, arch.num_layers

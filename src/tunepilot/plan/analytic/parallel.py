@@ -30,17 +30,16 @@ computes under tensor, sequence and context parallel. Pure arithmetic, no torch.
                   slice at a time at the step
       offload_optimizer cpu/nvme moves the master weights, optimizer state, fp32 gradients and
       the step to the host; offload_param moves the 16-bit partitions (stage 3).
-Expert parallel (parallel.expert): the routed experts' share per rank is the architecture's
-arithmetic (model/arch.py).
+The rank's slice of the model under tensor and expert parallel is the architecture's
+(model/arch/slices.py: tensor_slice, expert_slice).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from tunepilot.errors import SpecError
-from tunepilot.model.arch import Arch, ParamCounts
+from tunepilot.model.arch import Arch, ParamCounts, expert_slice, tensor_slice
 from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
 from tunepilot.plan.analytic.states import States
 from tunepilot.results.plan import ParamSplit
@@ -62,44 +61,6 @@ class RankView:
     step_arch: Arch  # the layer shapes its activations have
     step_spec: RunSpec  # the step as one device runs it (its tokens, its compute precision)
     notes: list[str] = field(default_factory=list)
-
-
-# Row-parallel matrices (their input dimension split; Megatron's RowParallelLinear): the
-# attention output and the MLP's down projection, by the names transformers gives them. Every
-# other decoder matrix but the router is column-parallel (its output split).
-ROW_PARALLEL = frozenset({"o_proj", "dense", "out_proj", "c_proj", "down_proj", "fc2",
-                          "dense_4h_to_h", "w2", "wo"})
-
-
-def _slice(lin, t: int, kv_out: int, kv_rank_out: int):
-    """One decoder matrix as a tensor-parallel rank holds it (K and V: the rank's K/V heads,
-    replicated when the model has fewer than t)."""
-    if lin.group == "router":
-        return lin  # replicated: every rank routes its tokens
-    if lin.name in ROW_PARALLEL:
-        return dataclasses.replace(lin, in_features=-(-lin.in_features // t))
-    if lin.group == "attention" and lin.out_features == kv_out:
-        return dataclasses.replace(lin, out_features=kv_rank_out)
-    return dataclasses.replace(lin, out_features=-(-lin.out_features // t))
-
-
-def tensor_arch(arch: Arch, t: int) -> Arch:
-    """The slice of the model one of t tensor-parallel ranks holds: attention heads, MLP columns
-    (each routed expert's too) and the vocabulary split; norms and the router whole."""
-    if t == 1:
-        return arch
-    if arch.num_heads % t:
-        raise SpecError("parallel.tensor", f"{t} tensor-parallel ranks cannot split the "
-                        f"model's {arch.num_heads} attention heads evenly.",
-                        f"Use a tensor size that divides {arch.num_heads}.")
-    kv_heads = max(1, arch.num_kv_heads // t)
-    kv_out = arch.num_kv_heads * arch.head_dim if arch.num_kv_heads < arch.num_heads else -1
-    decoder = tuple(_slice(lin, t, kv_out, kv_heads * arch.head_dim) for lin in arch.decoder)
-    return dataclasses.replace(
-        arch, num_heads=arch.num_heads // t, num_kv_heads=kv_heads,
-        intermediate_size=-(-arch.intermediate_size // t), vocab_size=-(-arch.vocab_size // t),
-        shared_intermediate_size=-(-arch.shared_intermediate_size // t),
-        dense_intermediate_size=-(-arch.dense_intermediate_size // t), decoder=decoder)
 
 
 def step_precision(spec: RunSpec) -> str:
@@ -131,7 +92,8 @@ def rank_view(spec: RunSpec, arch: Arch) -> RankView:
         if spec.method.is_lora:  # DeepSpeedEngine casts the whole module, adapters included
             changes["method"] = dict(spec.method.model_dump(), adapter_dtype="bf16")
     step_spec = spec.with_changes(**changes) if changes else spec
-    states_arch = tensor_arch(arch, t)
+    step_arch = tensor_slice(arch, t)
+    states_arch = expert_slice(step_arch, par.expert)
     if t > 1:
         notes.append(f"tensor parallel {t}: each rank holds {states_arch.num_heads} of "
                      f"{arch.num_heads} attention heads, {states_arch.intermediate_size} of "
@@ -145,7 +107,10 @@ def rank_view(spec: RunSpec, arch: Arch) -> RankView:
         notes.append(f"context parallel {c}: each rank holds {spec.sequence_length // c} of the "
                      f"{spec.sequence_length} tokens of every sample; K/V chunks travel round "
                      "the ring (ring buffers in the layers' working set)")
-    return RankView(states_arch, arch if sp else states_arch, step_spec, notes)
+    if par.expert > 1:
+        notes.append(f"expert parallel {par.expert}: each rank holds {arch.num_experts // par.expert} of "
+                     f"the {arch.num_experts} routed experts of every MoE layer (model/arch slices)")
+    return RankView(states_arch, arch if sp else step_arch, step_spec, notes)
 
 
 def ring_bytes(spec: RunSpec, arch: Arch, cb: int, tokens: int) -> int:
