@@ -28,6 +28,13 @@ import statistics
 import sys
 from pathlib import Path
 
+from memory_rows_2026 import (  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+    CARD_BYTES_2026,
+    KIND_2026,
+    NOT_PLANNED_2026,
+    ROWS_2026,
+    WHY_2026,
+)
 from tunepilot.model.arch import Arch
 from tunepilot.plan.analytic.core import analytic_plan, runtime_constants
 from tunepilot.plan.reserve.core import reserved_on_card
@@ -152,6 +159,9 @@ ROWS.update({
 CARD_BYTES = {**dict.fromkeys(("aa6", "aa8", "aa9", "aa10", "aa12", "aa13"), 24576 << 20),
               **dict.fromkeys(("lg1", "lg2"), 81920 << 20)}
 
+CARD_BYTES.update(CARD_BYTES_2026)
+ROWS.update(ROWS_2026)
+
 # Why a row stays outside +-10% (the traced plan), from the published setup and the source:
 WHY: dict[str, str] = {
     "8": "LitGPT's own phi-1.5 code (lit-gpt 8641822) saves more per sample than transformers' "
@@ -173,6 +183,7 @@ WHY: dict[str, str] = {
     "aa12": "FSDP1 CPU offload on a run sized to fill its 24 GB card (22.69 GiB published), as "
             "aa10",
 }
+WHY.update(WHY_2026)
 
 KIND_KEY = {"max_memory_allocated": "allocated_peak_bytes", "active_bytes": "allocated_peak_bytes",
             "max_memory_reserved": "reserved_peak_bytes", "nvidia-smi": "device_peak_bytes",
@@ -194,6 +205,9 @@ UNITS = {"[GiB]": 2**30, "[GB]": 10**9, "[MiB]": 2**20, "[MB]": 10**6}
 
 
 def measured_bytes(row: dict) -> tuple[int, str]:
+    if row["id"] in KIND_2026:  # the row's text leaves the kind open: memory_rows_2026.py
+        key, unit = KIND_2026[row["id"]]
+        return int(float(row["peak_mem_gb"]) * unit), key
     kind = row["mem_kind"]
     unit = next(v for k, v in UNITS.items() if k in kind)
     key = next(v for k, v in KIND_KEY.items() if k in kind.lower())
@@ -239,10 +253,11 @@ def plan_rows(rows: list[dict], trace: bool) -> list[dict]:
         plan = analytic_plan(spec, arch)
         a = on_card(row["id"], key, plan.per_device.model_dump())
         rec = {"id": row["id"], "model": row["model"], "method": row["method"],
-               "seq": int(row["seq_len"]), "mb": int(row["micro_batch"]), "compare": key,
+               "seq": spec.sequence_length, "mb": int(row["micro_batch"]), "compare": key,
                "gpus": int(row["n_gpus"]), "measured_bytes": got, "analytic_bytes": a,
                "analytic_error": a / got - 1, "peak_phase": plan.peak_phase,
-               "unmodelled": unmodelled, "why": WHY.get(row["id"])}
+               "unmodelled": unmodelled, "why": WHY.get(row["id"]),
+               "source": row["source"].split()[0]}
         if traced_peak is not None:
             t = traced_peak(spec, arch, cfg)
             tb = on_card(row["id"], key, t) if t.get(key) else None
@@ -280,7 +295,25 @@ def summarize(out: list[dict], trace: bool) -> dict:
             traced_median_abs_error_fsdp=statistics.median(
                 abs(r["traced_error"]) for r in fsdp if r.get("traced_error") is not None)
             if any(r.get("traced_error") is not None for r in fsdp) else None)
+    summary["by_source"] = by_source(out, trace)
     return summary
+
+
+def by_source(out: list[dict], trace: bool) -> dict:
+    """Median |error| of each source's rows, analytic and traced, and whether the trace is
+    worse there (the issue's rule: never worse than the formula on any source's rows)."""
+    table = {}
+    for src in sorted({r["source"] for r in out}):
+        rows = [r for r in out if r["source"] == src]
+        entry = {"rows": len(rows), "analytic_median_abs_error": statistics.median(
+            abs(r["analytic_error"]) for r in rows)}
+        traced = [abs(r["traced_error"]) for r in rows if r.get("traced_error") is not None]
+        if trace and traced:
+            entry["traced_median_abs_error"] = statistics.median(traced)
+            entry["traced_worse"] = entry["traced_median_abs_error"] > \
+                entry["analytic_median_abs_error"]
+        table[src] = entry
+    return table
 
 
 def show(out: list[dict], summary: dict, trace: bool) -> None:
@@ -325,6 +358,15 @@ def show(out: list[dict], summary: dict, trace: bool) -> None:
               f"{summary['traced_fallbacks']} fallbacks; FSDP rows: "
               f"{summary['fsdp_rows_traced_per_rank']} of {summary['fsdp_rows']} traced per "
               f"rank, median |error| {summary['traced_median_abs_error_fsdp']:.1%}")
+    print("\nby source (median |error|):")
+    for src, e in summary["by_source"].items():
+        line = f"  {src:<28} {e['rows']:>3} rows  analytic {e['analytic_median_abs_error']:6.1%}"
+        if "traced_median_abs_error" in e:
+            line += (f"  traced {e['traced_median_abs_error']:6.1%}"
+                     + ("  (traced worse)" if e["traced_worse"] else ""))
+        print(line)
+    for rid, why in NOT_PLANNED_2026.items():
+        print(f"  not planned: {rid}: {why}")
 
 
 def main() -> int:
@@ -346,7 +388,8 @@ def main() -> int:
             print_kernel_rows(kernel_rows)
         return 0
     rows = []
-    for path in (DATA / "published_memory.csv", DATA / "published_memory_more.csv"):
+    for path in (DATA / "published_memory.csv", DATA / "published_memory_more.csv",
+                 DATA / "published_memory_2026.csv"):
         with open(path, newline="") as f:
             rows += list(csv.DictReader(f))
     if args.only:

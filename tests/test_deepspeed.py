@@ -181,3 +181,39 @@ def test_the_trace_plans_one_rank_and_says_how(par):
         assert any("1/2 slice" in n for n in plan.assumptions)
         assert plan.per_device.master_weights_bytes == pytest.approx(
             analytic.per_device.master_weights_bytes, rel=0.1)
+
+
+# ------------------------------------------------------------------ 4-bit and paged optimizers
+
+
+def test_torchao_4bit_and_8bit_states_are_planned_by_their_blocks():
+    from tunepilot.model.optimizers import quantized_state_bytes, speed_factor
+
+    shapes = [(4096, 4096), (8, 4096), (4000,), (100, 33)]  # the last two stay unquantized
+    four = quantized_state_bytes("adamw_4bit", shapes, 4)
+    n = 4096 * 4096 + 8 * 4096
+    assert four == 2 * (n // 2 + 4 * n // 128) + 2 * 4 * (4000 + 3300)
+    eight_bnb = quantized_state_bytes("adamw_8bit", shapes, 2)  # bnb: small tensors in fp32
+    eight_ao = quantized_state_bytes("adamw_8bit_torchao", shapes, 2)  # torchao: param dtype
+    assert eight_bnb - eight_ao == 2 * (4 - 2) * (4000 + 3300)
+    assert speed_factor("adamw_4bit") < 1.0 == speed_factor("adamw")
+
+    spec = spec_from_dict({"model": {"preset": "llama-3.2-1b"}, "method": {"kind": "full"},
+                           "precision": "bf16-true", "optimizer": {"name": "adamw_4bit"}})
+    p = analytic_plan(spec, resolve_arch(spec))
+    params = p.params.trainable
+    assert 1.0 < p.per_device.optimizer_bytes / params < 1.2  # ~1.06 B/param, not AdamW's 4
+    assert any("torchao.optim.AdamW4bit" in n for n in p.assumptions)
+
+
+def test_the_trace_holds_the_same_quantized_state_as_the_plan():
+    from tunepilot.plan.trace.core import make_traced_plan
+
+    spec = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
+                           "precision": "bf16-true", "optimizer": {"name": "adamw_4bit"},
+                           "sequence_length": 128})
+    traced = make_traced_plan(spec, card_ids=["h100-sxm-80gb"])
+    analytic = analytic_plan(spec, resolve_arch(spec))
+    assert traced.fidelity == "trace"
+    assert traced.per_device.optimizer_bytes == pytest.approx(
+        analytic.per_device.optimizer_bytes, rel=0.05)

@@ -18,12 +18,9 @@ from dataclasses import dataclass
 from tunepilot.model.arch import Arch, ParamCounts, lora_targets, param_counts, parameter_shapes
 from tunepilot.spec.precision import DTYPE_BYTES
 
-# bitsandbytes 8-bit optimizers: two uint8 states + one fp32 absmax per 256-element block each
-# (bitsandbytes Optimizer2State.init_state, blocksize 256).
-ADAM8BIT_BYTES_PER_PARAM = 2 + 2 * 4 / 256
 OPTIMIZER_STATES = {  # state tensors per trainable element (Adafactor: see optimizer_bytes)
     "adamw": 2, "paged_adamw": 2, "sgd": 1, "adamw_8bit": None, "paged_adamw_8bit": None,
-    "adafactor": None,
+    "adamw_8bit_torchao": None, "adamw_4bit": None, "adafactor": None,
 }
 
 
@@ -209,7 +206,8 @@ def optimizer_bytes(spec, trainable: int, shapes: list[tuple[int, ...]], impl: s
                     ) -> tuple[int, int]:
     """(optimizer state bytes, optimizer-step temporary bytes) for the trainable parameters.
 
-    AdamW: exp_avg + exp_avg_sq in the state dtype. 8-bit: ADAM8BIT_BYTES_PER_PARAM. SGD (momentum
+    AdamW: exp_avg + exp_avg_sq in the state dtype. 8- and 4-bit (bitsandbytes, torchao): the
+    quantized blocks of resources/optimizers.yaml per tensor (model/optimizers.py). SGD (momentum
     0.9, as tunepilot builds it): one momentum buffer. Adafactor (HF, beta1=None): a row and a
     column factor per matrix (fp32), a full second moment for vectors. foreach AdamW/SGD
     materialise one parameter-sized temporary (AdamW's sqrt(v) denominator); fused and 8-bit
@@ -218,8 +216,10 @@ def optimizer_bytes(spec, trainable: int, shapes: list[tuple[int, ...]], impl: s
     sdt = DTYPE_BYTES[spec.optimizer_state_dtype]
     name = spec.optimizer.name
     largest = max((_numel(s) for s in shapes), default=0)
-    if name in ("adamw_8bit", "paged_adamw_8bit"):
-        return int(ADAM8BIT_BYTES_PER_PARAM * trainable), 0
+    from tunepilot.model.optimizers import is_quantized, quantized_state_bytes
+
+    if is_quantized(name):  # bitsandbytes / torchao 8- and 4-bit: resources/optimizers.yaml
+        return quantized_state_bytes(name, shapes, DTYPE_BYTES[spec.trainable_dtype]), 0
     if name == "adafactor":
         state = sum(4 * (s[0] + s[1]) if len(s) == 2 else 4 * _numel(s) for s in shapes)
         return state, 4 * largest
@@ -231,9 +231,14 @@ def optimizer_bytes(spec, trainable: int, shapes: list[tuple[int, ...]], impl: s
 def optimizer_state_label(spec) -> str:
     """What optimizer_bytes counts, in words: '8-bit state: ...', 'state fp32', ..."""
     name = spec.optimizer.name
-    if name in ("adamw_8bit", "paged_adamw_8bit"):
-        return (f"8-bit state: 2 uint8 moments + fp32 block absmax, "
-                f"{ADAM8BIT_BYTES_PER_PARAM:.2f} B/param")
+    from tunepilot.model.optimizers import is_quantized, optimizer_info
+
+    if is_quantized(name):
+        st = optimizer_info(name)["state"]
+        per = st["bits"] / 8 * 2 + 2 * 4 / st["block"]
+        return (f"{st['bits']}-bit state ({optimizer_info(name)['library']}): 2 moments in "
+                f"{st['bits']}-bit codes + an fp32 scale per {st['block']}-element block, "
+                f"{per:.2f} B/param")
     if name == "adafactor":
         return "factored fp32 second moment, no first moment"
     return f"state {spec.optimizer_state_dtype}"

@@ -24,7 +24,10 @@ from tunepilot.spec.parallel import ParallelSpec, check_sequence_split
 from tunepilot.spec.precision import Precision
 from tunepilot.spec.yaml_input import read_yaml_mapping
 
-OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit", "sgd", "adafactor"]
+OptimizerName = Literal["adamw", "adamw_8bit", "paged_adamw", "paged_adamw_8bit",
+                        "adamw_8bit_torchao", "adamw_4bit", "sgd", "adafactor"]
+"""adamw (torch); adamw_8bit, paged_adamw, paged_adamw_8bit (bitsandbytes); adamw_8bit_torchao,
+adamw_4bit (torchao AdamW8bit / AdamW4bit); sgd; adafactor - resources/optimizers.yaml"""
 StateDtype = Literal["fp32", "bf16"]
 Checkpointing = Literal["none", "full", "selective", "selective-op"]
 Implementation = Literal["transformers", "litgpt", "torchtune", "torchtitan", "megatron"]

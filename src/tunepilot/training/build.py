@@ -25,6 +25,7 @@ from tunepilot.spec import RunSpec
 from tunepilot.training.step import TrainState
 
 BNB_OPTIMIZERS = ("adamw_8bit", "paged_adamw", "paged_adamw_8bit")
+TORCHAO_OPTIMIZERS = ("adamw_8bit_torchao", "adamw_4bit")
 
 OptimizerFactory = Callable[[RunSpec, torch.nn.Module], torch.optim.Optimizer]
 Prepare = Callable[[torch.nn.Module], tuple[torch.nn.Module, Callable | None]]
@@ -76,7 +77,24 @@ def build_optimizer(spec: RunSpec, model: torch.nn.Module) -> torch.optim.Optimi
 
         return Adafactor(params, lr=o.lr, scale_parameter=False, relative_step=False,
                          warmup_init=False, weight_decay=o.weight_decay)
+    if o.name in TORCHAO_OPTIMIZERS:
+        return _torchao_optimizer(spec, params)
     return _bnb_optimizer(spec, params)
+
+
+def _torchao_optimizer(spec: RunSpec, params: list) -> torch.optim.Optimizer:
+    """torchao's 8- and 4-bit AdamW (resources/optimizers.yaml); its step is torch.compile'd."""
+    import importlib.util
+
+    o = spec.optimizer
+    if importlib.util.find_spec("torchao") is None:
+        raise UserError("optimizer.name", f"{o.name} needs torchao (pip install torchao).",
+                        "Install torchao, or use adamw for the pilot (the plan still models "
+                        f"{o.name}).")
+    from torchao import optim as ao
+
+    cls = {"adamw_8bit_torchao": ao.AdamW8bit, "adamw_4bit": ao.AdamW4bit}[o.name]
+    return cls(params, lr=o.lr, weight_decay=o.weight_decay)
 
 
 def _bnb_optimizer(spec: RunSpec, params: list) -> torch.optim.Optimizer:

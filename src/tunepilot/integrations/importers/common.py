@@ -28,6 +28,7 @@ OPTIMIZERS = {
     "bnb_8bit": ("adamw_8bit", None),
     "paged_adamw_32bit": ("paged_adamw", None), "paged_adamw": ("paged_adamw", None),
     "paged_adamw_8bit": ("paged_adamw_8bit", None), "adafactor": ("adafactor", None),
+    "adamw_torch_8bit": ("adamw_8bit_torchao", None), "adamw_torch_4bit": ("adamw_4bit", None),
     "sgd": ("sgd", None),
 }
 SCHEDULERS = {"cosine": "cosine", "cosine_with_restarts": "cosine", "cosine_with_min_lr":

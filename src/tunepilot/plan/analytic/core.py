@@ -251,7 +251,27 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
     if spec.optimizer.name in ("adamw", "paged_adamw", "sgd"):
         notes.append(f"optimizer step: {opt_impl} implementation "
                      + ("(one parameter-sized temporary)" if opt_impl == "foreach" else ""))
+    notes += _optimizer_notes(spec)
     return notes
+
+
+def _optimizer_notes(spec: RunSpec) -> list[str]:
+    """What the plan assumes of a quantized or paged optimizer (resources/optimizers.yaml)."""
+    from tunepilot.model.flops import optimizer_state_label
+    from tunepilot.model.optimizers import is_paged, is_quantized, optimizer_info
+
+    name = spec.optimizer.name
+    out = []
+    if is_quantized(name):
+        out.append(f"optimizer {name} ({optimizer_info(name)['class']}): "
+                   f"{optimizer_state_label(spec)}; tensors under "
+                   f"{optimizer_info(name)['state']['min_elements']} elements keep full-precision "
+                   "state; the step updates in place (no parameter-sized temporary)")
+    if is_paged(name):
+        out.append(f"optimizer {name}: its state is paged (CUDA managed memory, outside the "
+                   "caching allocator): counted on the device while resident; under memory "
+                   "pressure the driver moves it to host memory at a cost in step time")
+    return out
 
 
 def workspace_bytes(stack: str) -> int:

@@ -5,7 +5,7 @@
     NF4            bitsandbytes is CUDA-only: frozen linears traced as 16-bit weights whose
                    storage is counted as bitsandbytes lays out NF4 (packed codes + absmax), each
                    matmul dequantising a weight-sized temporary in forward and again in backward
-    8-bit / paged  bitsandbytes optimizers: a stand-in holding the same state tensors
+    8/4-bit, paged bitsandbytes and torchao optimizers: a stand-in holding the same state
     GradScaler     fp16 loss scaling without the data-dependent inf check
     CUDA autocast  CUDA's float32 op list applied under CPU autocast - in the forward and in
                    activation checkpointing's recompute (which runs inside the backward)
@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import torch
 
-# bitsandbytes.optim.optimizer.Optimizer2State.init_state: 8-bit states for tensors with at least
-# min_8bit_size (4096) elements, one fp32 absmax per 256-element block per state; fp32 below.
-BNB_MIN_8BIT_SIZE = 4096
-BNB_STATE_BLOCK = 256
 # bitsandbytes.functional.quantize_4bit: NF4 codes packed two per byte, one absmax per 64 weights
 # (fp32; with double quant 8-bit + one fp32 per 256 absmax + a 256-entry fp32 code), a 16-entry
 # fp32 NF4 code per tensor.
@@ -66,15 +62,38 @@ def _nf4_forward(self, x):
     return _NF4Matmul.apply(x.to(self.weight.dtype), self.weight, self.bias)
 
 
-class BnbStandIn(torch.optim.Optimizer):
-    """bitsandbytes AdamW8bit / PagedAdamW8bit / PagedAdamW, for the trace (bitsandbytes is
-    CUDA-only): the same state tensors (Optimizer2State.init_state), updated in place by one
-    fused kernel, so the step adds no temporaries. Paged states live in CUDA managed memory,
-    outside the caching allocator; they are counted here as device memory (when resident)."""
+class QuantizedAdamStandIn(torch.optim.Optimizer):
+    """bitsandbytes' AdamW8bit / PagedAdamW8bit / PagedAdamW and torchao's AdamW8bit /
+    AdamW4bit, for the trace (bitsandbytes is CUDA-only; torchao compiles its step): the same
+    state tensors as resources/optimizers.yaml lays them out (model/optimizers.py) - codes of
+    bits/8 bytes per element (4-bit: two per byte), one fp32 scale per block, the small tensors
+    in fp32 (bitsandbytes) or the parameter's dtype (torchao) - updated in place by one fused
+    kernel, so the step adds no temporaries. Paged states live in CUDA managed memory, outside
+    the caching allocator; they are counted here as device memory (when resident)."""
 
-    def __init__(self, params, bits: int, lr: float = 1e-4):
+    def __init__(self, params, name: str, lr: float = 1e-4):
+        from tunepilot.model.optimizers import optimizer_info
+
         super().__init__(params, {"lr": lr})
-        self.bits = bits
+        info = optimizer_info(name)
+        self.layout = info["state"]
+        self.torchao = info["library"] == "torchao"
+
+    def _state(self, p: torch.Tensor) -> dict:
+        st = self.layout
+        n = p.numel()
+        bits, block = st.get("bits"), st.get("block") or 1
+        quantized = bits and n >= st["min_elements"] and (not self.torchao or n % block == 0)
+        if not quantized:
+            dtype = p.dtype if self.torchao else torch.float32
+            return {f"state{i + 1}": torch.zeros_like(p, dtype=dtype) for i in range(2)}
+        out = {}
+        for i in range(2):
+            out[f"state{i + 1}"] = torch.zeros(-(-n * bits // 8), dtype=torch.uint8,
+                                               device=p.device)
+            out[f"absmax{i + 1}"] = torch.zeros(-(-n // block), dtype=torch.float32,
+                                                device=p.device)
+        return out
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -85,19 +104,9 @@ class BnbStandIn(torch.optim.Optimizer):
                 st = self.state[p]
                 if not st:
                     st["step"] = 0
-                    if self.bits == 8 and p.numel() >= BNB_MIN_8BIT_SIZE:
-                        blocks = -(-p.numel() // BNB_STATE_BLOCK)
-                        st["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-                        st["state2"] = torch.zeros_like(p, dtype=torch.uint8)
-                        st["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                        st["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                    else:
-                        st["state1"] = torch.zeros_like(p, dtype=torch.float32)
-                        st["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                    st.update(self._state(p))
                 st["step"] += 1
         return None
-
-
 
 
 class ScalerStandIn:

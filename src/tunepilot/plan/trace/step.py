@@ -30,9 +30,9 @@ from tunepilot.plan.trace.fsdp import (
 from tunepilot.plan.trace.messages import TraceJob, TraceResult
 from tunepilot.plan.trace.replay import replayed
 from tunepilot.plan.trace.standins import (
-    BnbStandIn,
     CudaAutocastInRecompute,
     CudaAutocastRules,
+    QuantizedAdamStandIn,
     ScalerStandIn,
     emulate_nf4,
     fused_attention_dropout,
@@ -50,7 +50,6 @@ from tunepilot.spec import RunSpec
 # a micro-batch's peak may grow by the detached loss train_step keeps (one 512-byte block)
 ACCUMULATION_TOLERANCE_BYTES = 4 * CUDA_BLOCK_BYTES
 STEP2_MICRO_BATCHES = 3  # micro-batches traced in step 2 (1: no grads yet; 2, 3: accumulating)
-BNB_BITS = {"adamw_8bit": 8, "paged_adamw_8bit": 8, "paged_adamw": 32}
 
 
 @dataclass
@@ -96,15 +95,16 @@ def _optimizer_factory(t: _Traced, stack: str):
     bitsandbytes optimizers as a stand-in holding the same state."""
     from tunepilot.model.build import trainable_parameters
     from tunepilot.model.flops import default_optimizer_impl
+    from tunepilot.model.optimizers import optimizer_info
     from tunepilot.training.build import build_optimizer
 
     o = t.spec.optimizer
-    if o.name in BNB_BITS:
-        t.notes.append(f"optimizer {o.name}: bitsandbytes is CUDA-only; traced with a stand-in "
-                       "holding the same state tensors (8-bit + absmax per 256 elements, fp32 "
-                       "below 4096 elements), updated in place")
-        t.impl = "bnb"
-        return lambda _s, model: BnbStandIn(trainable_parameters(model), BNB_BITS[o.name], o.lr)
+    lib = optimizer_info(o.name)["library"]
+    if lib in ("bitsandbytes", "torchao"):
+        t.notes.append(f"optimizer {o.name}: {lib}'s optimizer traced with a stand-in holding "
+                       "the same state tensors (resources/optimizers.yaml), updated in place")
+        t.impl = lib
+        return lambda _s, model: QuantizedAdamStandIn(trainable_parameters(model), o.name, o.lr)
     if o.name not in ("adamw", "sgd"):
         return build_optimizer
     t.impl = o.impl or default_optimizer_impl(t.spec, stack)
