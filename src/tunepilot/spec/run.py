@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tunepilot.errors import SpecError, did_you_mean
+from tunepilot.spec.allocator import AllocatorSpec
 from tunepilot.spec.batch import Batch
 from tunepilot.spec.kernels import KernelSpec
 from tunepilot.spec.method import MethodSpec, check_quant_storage, quant_storage_for
@@ -302,6 +303,8 @@ class RunSpec(_Strict):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     target: TargetSpec = Field(default_factory=TargetSpec)
+    allocator: AllocatorSpec = Field(default_factory=AllocatorSpec)
+    """the caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF): its reserve per card"""
     host: HostSpec = Field(default_factory=HostSpec)
     """host memory and disk of each node: loading, async checkpoints, workers (the host plan)"""
     seed: int = Field(default=1234, ge=0, lt=2**63)

@@ -45,7 +45,7 @@ from tunepilot.plan.analytic.states import (
     state_bytes,
     task_counts,
 )
-from tunepilot.plan.reserve.core import reserve_note, varied_shapes
+from tunepilot.plan.reserve.core import expandable_segments, reserve_note, varied_shapes
 from tunepilot.resources import runtime_constants
 from tunepilot.results.plan import MemoryPlan, ParamSplit, PerDevice, Phase
 from tunepilot.spec import RunSpec
@@ -190,11 +190,15 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
     load_peak = _load_peak(spec, counts, s, largest, shard)
     peak = max(phases, key=lambda p: p.total_bytes)
     notes = s.notes + _notes(spec, arch, stack, load_peak > peak.total_bytes)
-    notes.append(reserve_note(varied_shapes(spec), replayed=False))
+    expandable = expandable_segments(spec, stack)
+    notes.append(reserve_note(varied_shapes(spec), replayed=False, expandable=expandable,
+                              asked_unsupported=stack if spec.allocator.expandable_segments
+                              and not expandable else None))
     return MemoryPlan(
         fidelity="analytic", params=params,
         per_device=per_device_figures(phases, s.buckets, stack, N, load_peak,
-                                      varied=varied_shapes(spec)), phases=phases,
+                                      varied=varied_shapes(spec), expandable=expandable),
+        phases=phases,
         peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
         bytes_per_param=_bytes_per_param(
             rank_params, s, shard if spec.parallel.strategy == "fsdp" else 1),
@@ -283,7 +287,7 @@ def workspace_bytes(stack: str) -> int:
 
 def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size: int,
                        load_peak: int = 0, *, replay_slack_bytes: int | None = None,
-                       varied: bool = False) -> PerDevice:
+                       varied: bool = False, expandable: bool = False) -> PerDevice:
     """The per_device block shared by the analytic and the traced plan: each component's largest
     size over the timeline; the allocated peak (the largest phase, or the model load when that
     is larger, plus the library workspaces taken from the caching allocator); the reserved peak
@@ -298,7 +302,7 @@ def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size
     allocated = max(peak.total_bytes, load_peak) + workspace_bytes(stack)
     transient = peak.total_bytes - peak.states_bytes
     reserved = reserve(allocated, transient, replay_slack_bytes=replay_slack_bytes,
-                       varied=varied).reserved_bytes
+                       varied=varied, expandable=expandable).reserved_bytes
     overhead = st["context_bytes"]
     if world_size > 1:
         overhead += st["collective_bytes_per_rank_group"]

@@ -41,12 +41,32 @@ def varied_shapes(spec) -> bool:
     return spec.data.source != "synthetic" and not getattr(spec.data, "packing", False)
 
 
+def expandable_segments(spec, stack: str) -> bool:
+    """Whether the card's allocator runs with expandable segments: the spec asks for them
+    (allocator.expandable_segments) and the stack has them (runtime.yaml stacks.<stack>.
+    expandable_segments: CUDA since PyTorch 2.1; ROCm from 7.0)."""
+    from tunepilot.resources import runtime_constants
+
+    asked = bool(getattr(getattr(spec, "allocator", None), "expandable_segments", False))
+    st = runtime_constants()["stacks"].get(stack, {})
+    return asked and bool(st.get("expandable_segments", {}).get("supported", False))
+
+
 def reserve(allocated_bytes: int, transient_bytes: int, *, replay_slack_bytes: int | None = None,
-            varied: bool = False) -> Reserve:
+            varied: bool = False, expandable: bool = False) -> Reserve:
     """The reserved peak for an allocated peak of `allocated_bytes` of which `transient_bytes`
-    are activations and temporaries; `replay_slack_bytes` from the traced replay, else the
-    analytic slack; `varied` batch shapes add their fragmentation."""
+    are activations and temporaries; `replay_slack_bytes` from the traced replay (under
+    `expandable` segments, the expandable replay's), else the analytic slack; `varied` batch
+    shapes add their fragmentation. Expandable segments map pages as a segment grows (2 MiB
+    small pool, 20 MiB large; c10/cuda/CUDACachingAllocator.cpp Note [Expandable Segments]):
+    no block is stranded, so the analytic plan adds nothing and varied shapes add nothing."""
     c = allocator_constants()
+    if expandable:
+        slack = max(0, replay_slack_bytes or 0)
+        how = ("expandable segments: " + ("the traced allocations replayed with pages mapped "
+                                          "on demand" if replay_slack_bytes is not None else
+                                          "pages mapped on demand, no stranded blocks"))
+        return Reserve(allocated_bytes + slack, slack, 0, how)
     if replay_slack_bytes is not None:
         slack = max(0, replay_slack_bytes)
         how = "the traced allocations replayed through the caching allocator's rules"
@@ -62,9 +82,16 @@ def reserve(allocated_bytes: int, transient_bytes: int, *, replay_slack_bytes: i
     return Reserve(allocated_bytes + slack + extra, slack, extra, how)
 
 
-def reserve_note(varied: bool, *, replayed: bool) -> str:
-    """The plan's line about its reserve."""
+def reserve_note(varied: bool, *, replayed: bool, expandable: bool = False,
+                 asked_unsupported: str | None = None) -> str:
+    """The plan's line about its reserve (`asked_unsupported`: the stack where the spec's
+    expandable segments are not available)."""
     c = allocator_constants()
+    if expandable:
+        return ("reserved: expandable segments (allocator.expandable_segments) - "
+                + ("the traced allocations replayed with pages mapped on demand" if replayed
+                   else "allocated + nothing: pages are mapped as segments grow, no block is "
+                   "stranded") + "; cuBLAS/hipBLAS workspaces in allocated (runtime.yaml)")
     base = ("reserved: the traced allocations replayed through the CUDA caching allocator's "
             "rules (segment sizes, best-fit reuse, splitting)" if replayed else
             f"reserved: allocated + {c['slack_fraction']:.2%}, at most "
@@ -73,6 +100,10 @@ def reserve_note(varied: bool, *, replayed: bool) -> str:
         base += (f"; batches of varied length add {c['varied_shapes_transient_factor']:g} x the "
                  "peak's activations and temporaries (blocks cached for lengths seen before; "
                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True avoids most of it)")
+    if asked_unsupported:
+        base += (f"; allocator.expandable_segments is not available on {asked_unsupported} "
+                 "(ROCm before 7.0 accepts the setting and ignores it): planned with the "
+                 "caching allocator's segments")
     return base + "; cuBLAS workspaces in allocated (resources/runtime.yaml)"
 
 

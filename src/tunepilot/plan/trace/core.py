@@ -56,7 +56,12 @@ from tunepilot.plan.analytic.variants import (
 )
 from tunepilot.plan.fit import DEFAULT_HEADROOM, fit_card, note_context
 from tunepilot.plan.host import attach_host
-from tunepilot.plan.reserve.core import reserve, reserve_note, varied_shapes
+from tunepilot.plan.reserve.core import (
+    expandable_segments,
+    reserve,
+    reserve_note,
+    varied_shapes,
+)
 from tunepilot.plan.trace.messages import TracedPhase, TraceJob, TraceResult
 from tunepilot.proc.child import ChildFailed, run_child
 from tunepilot.results.plan import MemoryPlan, ParamSplit, Phase
@@ -242,13 +247,19 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     peak = max(phases, key=lambda p: p.total_bytes)
     load_peak = analytic.per_device.load_peak_bytes
     a = raw.allocator
-    slack = a.reserved_peak_bytes - a.allocated_peak_bytes if a else None
+    expandable = expandable_segments(spec, stack)
+    slack = None if a is None else (a.expandable_reserved_peak_bytes if expandable else
+                                    a.reserved_peak_bytes) - a.allocated_peak_bytes
     per_device = per_device_figures(phases, buckets, stack, N, load_peak,
-                                    replay_slack_bytes=slack, varied=varied_shapes(spec))
+                                    replay_slack_bytes=slack, varied=varied_shapes(spec),
+                                    expandable=expandable)
     if load_peak > peak.total_bytes:
         notes.append("loading the model sets the peak, not the training step (load peak from "
                      "the analytic plan; loading is not traced)")
-    notes.append(reserve_note(varied_shapes(spec), replayed=a is not None))
+    notes.append(reserve_note(varied_shapes(spec), replayed=a is not None,
+                              expandable=expandable,
+                              asked_unsupported=stack if spec.allocator.expandable_segments
+                              and not expandable else None))
     m = raw.model
     params = ParamSplit(total=m.total_params, trainable=m.trainable_params,
                         frozen=m.total_params - m.trainable_params)
@@ -414,8 +425,9 @@ def scaled_planner(traced: MemoryPlan, analytic: MemoryPlan):
         a_peak = max(a.phases, key=lambda p: p.total_bytes)
         transient = int((a_peak.total_bytes - a_peak.states_bytes) * r_act)
         d.allocated_peak_bytes = allocated
-        d.reserved_peak_bytes = reserve(allocated, transient,
-                                        varied=varied_shapes(spec)).reserved_bytes
+        d.reserved_peak_bytes = reserve(
+            allocated, transient, varied=varied_shapes(spec),
+            expandable=expandable_segments(spec, stack)).reserved_bytes
         d.device_peak_bytes = d.reserved_peak_bytes + d.runtime_overhead_bytes
         return a
 
