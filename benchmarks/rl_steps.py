@@ -54,7 +54,7 @@ def project(row: dict) -> dict:
 
     spec, arch, card = setting(row)
     strategy = spec.parallel.strategy if row["count"] > 1 else "single"
-    r = rl_step(spec, arch, card, row["count"], strategy)
+    r = rl_step(spec, arch, card, row["count"], strategy, row.get("training_parallel"))
     step = r.step.value if row["unit"] == "generation-batch" else r.per_optimizer_step_s
     phases = {k: v.value for k, v in r.phases.items()}
     if row["stack"].startswith(SYNC_IN_GENERATION):

@@ -144,3 +144,24 @@ def test_the_fitted_constants_rest_on_no_held_out_publication_and_are_their_fit(
     assert w.colocated_gb_per_s == pytest.approx(f["colocated_gb_per_s"], rel=0.01)
     held = [r for r in rl_steps.data()["runs"] if held_out_publication(r["publication"])]
     assert len(held) >= 4 and len({r["stack"].split(" ")[0] for r in held}) >= 2
+
+
+def test_the_training_passes_read_the_policys_layout_and_generation_its_engines():
+    """A policy trained at tensor parallel 4 takes the model-parallel cells and a quarter-wide
+    rank (cost/mfu.py shape_of): its log-prob and update passes change by that MFU ratio
+    (Megatron's model-parallel cell and a 1,024-wide rank: slower); generation, on the vLLM
+    engines' own layout, does not change."""
+    from tunepilot.cost.mfu import mfu_for
+
+    spec = spec_from_dict({**_spec().model_dump(mode="json", exclude_none=True),
+                           "model": {"preset": "llama-3.1-8b", "implementation": "megatron"},
+                           "method": {"kind": "full"}})
+    dp = rl_step(spec, ARCH, H100, 8, "ddp")
+    tp = rl_step(spec, ARCH, H100, 8, "ddp", {"tensor": 4})
+    ratio = mfu_for(spec, H100, ARCH).value / mfu_for(spec, H100, ARCH,
+                                                      layout={"tensor": 4}).value
+    assert ratio > 1.1
+    assert tp.phases["generation"].value == dp.phases["generation"].value
+    assert tp.phases["policy update"].value == pytest.approx(
+        dp.phases["policy update"].value * ratio, rel=1e-6)
+    assert tp.phases["log-probs"].value > dp.phases["log-probs"].value

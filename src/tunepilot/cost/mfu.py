@@ -42,7 +42,7 @@ class MfuEstimate:
 
 def estimate(implementation: str, card_id: str, method: str, activation_checkpointing: str,
              torch_compile: bool, precision: str = "bf16-mixed", *, width: float | None = None,
-             attention_share: float = 0.0) -> MfuEstimate:
+             attention_share: float = 0.0, model_parallel: bool = False) -> MfuEstimate:
     """One card's projected MFU for the setting (cost/calibration.py): ``width`` the hidden
     size one tensor-parallel rank computes (None: the width model's reference), and the
     attention's share of the FLOPs (an FP8 recipe leaves it at the BF16 peak)."""
@@ -53,21 +53,27 @@ def estimate(implementation: str, card_id: str, method: str, activation_checkpoi
     p = estimate_setting(Setting(implementation, card_family(card_id), method, precision,
                                  activation_checkpointing, torch_compile, width=width,
                                  attention_share=attention_share,
-                                 fp8_over_bf16=fp8_over_bf16(card)), one_card=True)
+                                 fp8_over_bf16=fp8_over_bf16(card),
+                                 model_parallel=model_parallel), one_card=True)
     return MfuEstimate(p.mfu, p)
 
 
-def shape_of(spec, arch, seq: float | None = None) -> dict:
-    """The run's shape the time model reads: the width one rank computes (hidden / the spec's
-    tensor parallel) and the attention's share of the training FLOPs at ``seq`` (default the
-    spec's sequence length)."""
+def shape_of(spec, arch, seq: float | None = None, layout: dict | None = None) -> dict:
+    """The run's shape the time model reads: the width one rank computes (hidden / tensor
+    parallel), the attention's share of the training FLOPs at ``seq`` (default the spec's
+    sequence length) and whether a replica spans several cards (tensor / pipeline / context
+    parallel: the model-parallel cells). ``layout`` (tensor, pipeline, context) overrides the
+    spec's parallel fields (an RL row's training layout as published)."""
     from tunepilot.model.flops import flops_per_token
 
     if arch is None:
         return {}
-    tp = int(getattr(spec.parallel, "tensor", 1) or 1)
+    degrees = {k: int((layout or {}).get(k) or getattr(spec.parallel, k, 1) or 1)
+               for k in ("tensor", "pipeline", "context")}
     fpt = flops_per_token(arch, spec, seq)
-    return {"width": arch.hidden_size / tp, "attention_share": fpt.attention / fpt.train}
+    return {"width": arch.hidden_size / degrees["tensor"],
+            "attention_share": fpt.attention / fpt.train,
+            "model_parallel": degrees["tensor"] * degrees["pipeline"] * degrees["context"] > 1}
 
 
 @dataclass(frozen=True)
@@ -163,13 +169,14 @@ def _weakest(kinds: list[str]) -> str:
     return "published"
 
 
-def mfu_for(spec, card: Card, arch=None, seq: float | None = None) -> Figure:
+def mfu_for(spec, card: Card, arch=None, seq: float | None = None,
+            layout: dict | None = None) -> Figure:
     """Model FLOP utilisation projected for the spec on one card of this kind (a fraction), with
     the published runs it rests on and every conversion from them (``seq``: the processed
-    length, default the spec's)."""
+    length, default the spec's; ``layout``: see shape_of)."""
     from tunepilot.model.arch import param_counts
 
-    shape = shape_of(spec, arch, seq)
+    shape = shape_of(spec, arch, seq, layout)
     e = estimate(spec.model.implementation, card.id, spec.method.kind,
                  spec.activation_checkpointing, spec.torch_compile, spec.precision, **shape)
     kernels = kernel_factors(spec)

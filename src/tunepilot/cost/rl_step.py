@@ -78,8 +78,12 @@ def _passes(spec, steps_per_batch: float) -> tuple[list[str], list[str]]:
     return logprobs, reward
 
 
-def rl_step(spec, arch, card, count: int, strategy: str) -> RLStep:
-    """The RL step of ``spec`` on ``count`` training cards of ``card`` (+ a server's cards)."""
+def rl_step(spec, arch, card, count: int, strategy: str, layout: dict | None = None
+            ) -> RLStep:
+    """The RL step of ``spec`` on ``count`` training cards of ``card`` (+ a server's cards).
+    ``layout``: the training side's tensor / pipeline / context parallel degrees (a published
+    run's; a spec's own parallel fields otherwise): its rank's width and the model-parallel
+    cells set the training passes' MFU; generation runs on the engines' own layout."""
     from tunepilot.cost.assumptions import efficiency_parts
     from tunepilot.cost.mfu import mfu_for
     from tunepilot.cost.step_model import step_model
@@ -93,9 +97,11 @@ def rl_step(spec, arch, card, count: int, strategy: str) -> RLStep:
     per_seq, pos_how = _positions(spec, shape, spec.micro_batch_size)
     steps_per_batch = (o.steps_per_generation or spec.gradient_accumulation_steps) \
         * o.num_iterations / spec.gradient_accumulation_steps
-    mfu = mfu_for(spec, card, arch).value
+    mfu = mfu_for(spec, card, arch, layout=layout).value
     ac = throughput_model().checkpointing.get(spec.activation_checkpointing)
     fwd_mfu = min(mfu / (ac.factor if ac else 1.0), throughput_model().mfu_ceiling)
+    gen_mfu = min(mfu_for(spec, card, arch).value / (ac.factor if ac else 1.0),
+                  throughput_model().mfu_ceiling)
     peak = card.peak_flops(spec.precision.peak_key)
     f = flops_per_token(arch, spec, per_seq)
     train_flops, fwd_flops = f.train - f.extra_passes, f.forward
@@ -106,7 +112,7 @@ def rl_step(spec, arch, card, count: int, strategy: str) -> RLStep:
     rate = count * eff * peak  # FLOP/s of the training cards at their scaling efficiency
 
     eng = engines(spec, arch, card, count)
-    gen = generation(spec, arch, eng, shape, fwd_mfu)
+    gen = generation(spec, arch, eng, shape, gen_mfu)
     phases: dict[str, Figure] = {"generation": Figure.projected(gen.seconds, "s", gen.how)}
     phases["weight sync"] = _sync(spec, arch, eng, sm)
     logprobs, reward = _passes(spec, steps_per_batch)

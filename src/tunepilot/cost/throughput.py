@@ -102,7 +102,8 @@ def _fp8_lever(ctx, card: Card) -> list:
     s = ctx.spec
     value, how = fp8_speedup(s.model.implementation, card_family(card.id), s.method.kind,
                              s.precision, card.peak_flops("bf16"), card.peak_flops("fp8"),
-                             **shape_of(s, ctx.arch, processed_length(ctx).value))
+                             **{k: v for k, v in shape_of(s, ctx.arch, processed_length(
+                                 ctx).value).items() if k != "model_parallel"})
     return [LeverFactor(s.precision, value, "derived", how)]
 
 
