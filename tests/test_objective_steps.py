@@ -119,9 +119,10 @@ def test_the_trace_runs_the_real_loss_and_agrees_with_the_analytic_plan(base, ob
 
 
 def test_the_pilot_refuses_an_objective_its_step_does_not_run(tmp_path):
-    s = spec(DPO, objective={"kind": "kto"}, data={"source": "synthetic"})
-    with pytest.raises(UserError, match="kto"):
-        run_pilot(s, tmp_path / "kto", PilotOptions(steps=1))
+    s = spec(DPO, objective={"kind": "ppo", "max_completion_length": 64},
+             data={"source": "synthetic"})
+    with pytest.raises(UserError, match="ppo"):
+        run_pilot(s, tmp_path / "ppo", PilotOptions(steps=1))
 
 
 @pytest.mark.slow

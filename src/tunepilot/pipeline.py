@@ -279,6 +279,12 @@ def _run_scale(c: Ctx) -> ScalingResult:
 
 def _gate_scale(c: Ctx, scale: ScalingResult) -> Gate:
     rec = scale.recommendation
+    crashed = {k: v for k, v in scale.strategies.items() if v.status == "failed"}
+    if crashed:
+        k, v = next(iter(crashed.items()))
+        tail = (v.log_tail or "").splitlines()[-GATE_LOG_LINES:]
+        return _failed("scale", "\n".join([f"{k} failed: {v.error}" + (
+            f"; last lines of its log ({v.log}):" if tail else ""), *("    " + ln for ln in tail)]))
     effs = ", ".join(f"{k} {v.efficiency:.0%}" if v.efficiency is not None else f"{k} {v.status}"
                      for k, v in scale.strategies.items())
     if rec.inconclusive:
@@ -381,7 +387,7 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
         except (_NoQuote, TunepilotError) as exc:
             if isinstance(exc, UserError):
                 raise
-            decision.gates.append(_failed(stage.name, str(exc).splitlines()[0]))
+            decision.gates.append(_failed(stage.name, failure_summary(exc)))
             _stop(c, decision, stage.name, str(exc).splitlines()[0])
         c.results[stage.name] = result
         gate = stage.gate(c, result)
@@ -402,6 +408,18 @@ def run_pipeline(spec: RunSpec, out: str | Path, options: RunOptions | None = No
         decision.decision += f" Data: {cut}."
     c.run.write(decision)
     return decision
+
+
+GATE_LOG_LINES = 8
+"""a failed launch's last log lines a gate's summary shows (the whole tail is in its log)"""
+
+
+def failure_summary(exc: BaseException) -> str:
+    """A stage's error as its gate says it: the first line, and for a failed torchrun launch
+    (whose first line ends "Last lines of rank R's log (PATH):") those lines after it."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    tail = (getattr(exc, "log_tail", "") or "").splitlines()[-GATE_LOG_LINES:]
+    return "\n".join([first, *("    " + ln for ln in tail)])
 
 
 def _stop(c: Ctx, decision: Decision, stage: str, reason: str) -> None:

@@ -28,3 +28,15 @@ def hang_rank_1() -> None:
 def raise_value_error() -> None:
     """The child fails with an ordinary Python error (a bug, or a library refusing the step)."""
     raise ValueError("a library refused the step (test fault)")
+
+
+def crash_rank_1_under_ddp() -> None:
+    """Rank 1 of a DDP scaling launch fails; the baseline and FSDP run on (the job file is the
+    rank's last argument)."""
+    if os.environ.get("RANK") != "1" or not sys.argv[-1].endswith(".json"):
+        return
+    import json
+    from pathlib import Path
+
+    if json.loads(Path(sys.argv[-1]).read_text()).get("strategy") == "ddp":
+        raise RuntimeError("rank 1 fails on purpose under ddp (test fault hook)")

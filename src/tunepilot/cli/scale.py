@@ -51,7 +51,9 @@ def scale(
     as_json: JsonOpt = False,
 ) -> None:
     """Scaling test on torchrun: 1 rank vs N ranks with DDP and FSDP at the same global batch,
-    after a preflight (devices, topology, NUMA, collective library, bus bandwidth).
+    after a preflight (devices, topology, NUMA, collective library, bus bandwidth). Every
+    strategy asked for runs even when another crashes; exit code 1 when one crashed (its error
+    and log lines are in scale.json).
 
     Example: tunepilot scale examples/tiny.yaml --nproc 2 --strategy both
     """
@@ -72,3 +74,5 @@ def scale(
                            timeout_s=timeout_s, catalog=load_catalog(catalog),
                            check_memory=not no_memory_check, progress=say)
     show(result, as_json, render_scale)
+    if any(r.status == "failed" for r in result.strategies.values()):
+        raise typer.Exit(code=1)  # every strategy ran and scale.json is written; one crashed

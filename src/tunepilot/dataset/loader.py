@@ -21,12 +21,18 @@ from tunepilot.spec import RunSpec
 def collate(samples: list, pad_token_id: int) -> dict[str, torch.Tensor]:
     """Pad to the longest item: labels are -100 on padding, so padding is never a useful token.
     Pairs (4-tuples) become the chosen rows then the rejected rows (TRL's concatenated batch);
-    prompts (1-tuples) are left-padded, nothing trained (generation continues from the end)."""
+    prompts (1-tuples) are left-padded, nothing trained (generation continues from the end); KTO
+    rows (5-tuples) add ``desirable`` (bool per row) and their KL rows as ``kl_*``."""
     width = len(samples[0])
     if width == 4:
         samples = [s[:2] for s in samples] + [s[2:] for s in samples]
     elif width == 1:
         return _left_padded([s[0] for s in samples], pad_token_id)
+    elif width == 5:  # KTO rows: (ids, labels, desirable, KL ids, KL labels)
+        kl = collate([s[3:] for s in samples], pad_token_id)
+        return {**collate([s[:2] for s in samples], pad_token_id),
+                "desirable": torch.tensor([s[2] for s in samples], dtype=torch.bool),
+                **{f"kl_{k}": v for k, v in kl.items()}}
     longest = max(len(s[0]) for s in samples)
     B = len(samples)
     packed = len(samples[0]) == 3

@@ -8,9 +8,18 @@
                      labels), each truncated to sequence_length (TRL's keep_start)
     PromptSamples    prompt-only rows (generation): (prompt ids,), the last max_prompt_length
                      tokens kept
-    SyntheticPairs / SyntheticPrompts   random pairs / prompts at full length
+    ScoredPairs      a reward model's pairs: every token of chosen and rejected is scored
+                     (TRL's RewardTrainer reads the whole sequence), so none is masked
+    UnpairedRows     KTO's rows: (ids, labels, desirable, kl ids, kl labels) - a preference
+                     pair unpaired into its chosen (desirable) and rejected (undesirable) reply,
+                     as TRL's unpair_preference_dataset does (prompt-completion rows are
+                     desirable), and the row's KL row: its prompt with the completion of the row
+                     before it in its chunk of micro_batch_size rows (TRL's _get_kl_dataset,
+                     mapped over the dataset in chunks of the per-device batch)
+    SyntheticPairs / SyntheticPrompts / SyntheticUnpaired   random pairs / prompts / KTO rows
 An item is (input_ids, labels) - or (input_ids, labels, position_ids) for a packed row - as
-int64 numpy arrays; labels are -100 where nothing is trained.
+int64 numpy arrays; labels are -100 where nothing is trained; a KTO row adds its flag and its
+KL row.
 """
 
 from __future__ import annotations
@@ -114,6 +123,61 @@ class PairSamples(torch.utils.data.Dataset):
         return self._lengths
 
 
+class ScoredPairs(torch.utils.data.Dataset):
+    """A reward model's pairs: the pairs of ``pairs`` with every token labelled (scored)."""
+
+    def __init__(self, pairs: torch.utils.data.Dataset):
+        self.pairs = pairs
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int):
+        chosen, _, rejected, _ = self.pairs[i]
+        return chosen, chosen.copy(), rejected, rejected.copy()
+
+    def lengths(self) -> np.ndarray:
+        return self.pairs.lengths()
+
+
+class UnpairedRows(torch.utils.data.Dataset):
+    """KTO's rows: encoded sample i with its flag (``pairs``: 2i chosen = desirable, 2i+1
+    rejected = undesirable; otherwise every row desirable) and its KL row."""
+
+    def __init__(self, samples: EncodedSamples, pairs: bool, chunk: int):
+        self.samples, self.pairs, self.chunk = samples, pairs, chunk
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        ids, labels = self.samples[i]
+        other_ids, other_labels = self.samples[kl_partner(i, len(self), self.chunk)]
+        return (ids, labels, bool(i % 2 == 0 or not self.pairs),
+                *kl_row(ids, labels, other_ids, other_labels, self.samples.sequence_length))
+
+    def lengths(self) -> np.ndarray:
+        return self.samples.lengths()
+
+
+def kl_partner(i: int, n: int, chunk: int) -> int:
+    """The row whose completion row i's KL row takes: the one before it in its chunk of
+    ``chunk`` rows, the chunk's last for its first (TRL's rotation by one)."""
+    start = (i // chunk) * chunk
+    end = min(start + chunk, n)
+    return end - 1 if i == start else i - 1
+
+
+def kl_row(ids, labels, other_ids, other_labels, max_len: int):
+    """(ids, labels) of a prompt with another row's completion, cut to ``max_len``."""
+    prompt = ids[labels == IGNORE_INDEX]
+    completion = other_ids[other_labels != IGNORE_INDEX]
+    row = np.concatenate([prompt, completion])[:max_len].astype(np.int64)
+    lab = row.copy()
+    lab[: len(prompt)] = IGNORE_INDEX
+    return row, lab
+
+
 class PromptSamples(torch.utils.data.Dataset):
     """Prompt-only rows, the last ``prompt_length`` tokens of each kept (generation continues
     from the end of the prompt)."""
@@ -159,6 +223,25 @@ class SyntheticPrompts(SyntheticTokens):
     def __getitem__(self, i: int):
         ids, _ = super().__getitem__(i)
         return (ids,)
+
+
+class SyntheticUnpaired(SyntheticTokens):
+    """Random KTO rows of exactly seq_len tokens, the first ``prompt`` not trained; even
+    indices desirable, odd ones undesirable; KL rows as UnpairedRows makes them."""
+
+    def __init__(self, vocab_size: int, seq_len: int, prompt: int, seed: int, chunk: int):
+        super().__init__(vocab_size, seq_len, seed)
+        self.prompt, self.chunk = prompt, chunk
+
+    def _row(self, i: int):
+        ids, labels = super().__getitem__(i)
+        labels[: self.prompt] = IGNORE_INDEX
+        return ids, labels
+
+    def __getitem__(self, i: int):
+        ids, labels = self._row(i)
+        other = self._row(kl_partner(i, len(self), self.chunk))
+        return (ids, labels, bool(i % 2 == 0), *kl_row(ids, labels, *other, self.seq_len))
 
 
 def pack(lengths: np.ndarray, capacity: int) -> list[list[int]]:
@@ -254,6 +337,8 @@ def build_dataset(spec: RunSpec, vocab_size: int, base_dir: Path | None = None,
                           f"sequence_length {S} and were truncated to it (training does the same)")
     if enc.skipped:
         info.notes.append(f"{enc.skipped} rows were skipped (data.skip_bad_rows)")
+    if spec.objective.kind == "kto":
+        return _unpaired(spec, samples, info)
     if spec.data.data_format in ("preference", "prompt"):
         return _objective_samples(spec, enc, samples, info)
     if not d.packing:
@@ -273,8 +358,13 @@ def _synthetic(spec: RunSpec, vocab_size: int) -> torch.utils.data.Dataset:
     from tunepilot.spec.objective import lengths
 
     ln = lengths(spec)
+    if spec.objective.kind == "reward":
+        return ScoredPairs(SyntheticPairs(vocab_size, ln.sequence, ln.prompt, spec.seed))
     if spec.objective.paired:
         return SyntheticPairs(vocab_size, ln.sequence, ln.prompt, spec.seed)
+    if spec.objective.kind == "kto":
+        return SyntheticUnpaired(vocab_size, ln.sequence, ln.prompt, spec.seed,
+                                 spec.micro_batch_size)
     if spec.objective.generative:
         return SyntheticPrompts(vocab_size, ln.prompt, spec.seed)
     return SyntheticTokens(vocab_size, spec.sequence_length, spec.seed)
@@ -289,6 +379,10 @@ def _objective_samples(spec: RunSpec, enc, samples: EncodedSamples, info: DataIn
         info.num_samples = len(ds)
         info.notes.append(f"{len(ds)} preference pairs: each micro-batch runs its chosen and "
                           "rejected replies (2 x micro_batch_size sequences)")
+        if spec.objective.kind == "reward":
+            ds = ScoredPairs(ds)
+            info.notes.append("a reward model scores whole sequences: every token of chosen "
+                              "and rejected counts as trained")
     else:
         p = lengths(spec).prompt
         ds = PromptSamples(enc, p)
@@ -300,4 +394,19 @@ def _objective_samples(spec: RunSpec, enc, samples: EncodedSamples, info: DataIn
                               f"length {p} and keep their last {p} tokens")
     if spec.data.packing:
         info.notes.append("packing applies to SFT rows; pairs and prompts are padded")
+    return ds, info
+
+
+def _unpaired(spec: RunSpec, samples: EncodedSamples, info: DataInfo):
+    """KTO's rows from preference pairs (unpaired) or prompt-completion rows (all desirable)."""
+    pairs = spec.data.data_format == "preference"
+    ds = UnpairedRows(samples, pairs, spec.micro_batch_size)
+    info.num_samples = len(ds)
+    info.notes.append(
+        f"{len(ds)} KTO rows: each preference pair unpaired into a desirable (chosen) and an "
+        "undesirable (rejected) row, as TRL's unpair_preference_dataset" if pairs else
+        f"{len(ds)} KTO rows, all desirable: prompt-completion rows carry no label (TRL's KTO "
+        "reads a 'label' column; give preference rows to train undesirable ones)")
+    if spec.data.packing:
+        info.notes.append("packing applies to SFT rows; KTO rows are padded")
     return ds, info

@@ -41,9 +41,10 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
                         f"{', '.join(OWN_STEP_OBJECTIVES)}.", "Plan it (`tunepilot plan` "
                         f"models {spec.objective.kind}), and pilot your own run with "
                         "TunepilotCallback in its trainer (examples/own-loop).")
-    if spec.model.task != "causal-lm":
+    if spec.model.task != "causal-lm" and spec.objective.kind != "reward":
         raise UserError("model.task", f"{spec.model.task}: tunepilot's own pilot trains causal "
-                        "language models.", "Plan it (`tunepilot plan` models the classification "
+                        "language models and reward models (objective.kind: reward).",
+                        "Plan it (`tunepilot plan` models the classification "
                         "head), and pilot your own classification run with TunepilotCallback in "
                         "its Trainer.")
     progress("probe device", 0, None)

@@ -66,13 +66,17 @@ class LaunchSummary(Model):
 class StrategyResult(Model):
     """One strategy against the 1-rank baseline (or why it could not run)."""
 
-    status: str  # ok | does_not_fit
+    status: str  # ok | does_not_fit | failed (a rank crashed or hung: error, log_tail)
     nproc: int
     world_size: int
     efficiency: float | None = None
     useful_tokens_per_s: float | None = None
     error: str | None = None
     launch_error: str | None = None
+    log_tail: str | None = None
+    """the failing rank's last log lines (failed, does_not_fit)"""
+    log: str | None = None
+    """the failing rank's log file"""
     baseline_useful_tokens_per_s: float | None = None
     speedup: float | None = None
     step_time_s_median: float | None = None

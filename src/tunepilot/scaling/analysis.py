@@ -156,9 +156,12 @@ def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: in
     broken = [s for s, r in ok.items() if not (r.loss_agrees and r.data_order_same)]
     good = {s: r for s, r in ok.items() if s not in broken}
     unfit = [s for s, r in results.items() if r.status == "does_not_fit"]
+    crashed = [s for s, r in results.items() if r.status == "failed"]
     if not good:
-        why = ("; ".join(f"{s}: loss or data order disagrees with one rank" for s in broken) or
-               "; ".join(f"{s} does not fit" for s in unfit) or "no strategy ran")
+        why = "; ".join([f"{s}: loss or data order disagrees with one rank" for s in broken] +
+                        [f"{s} does not fit" for s in unfit] +
+                        [f"{s} failed ({results[s].error})" for s in crashed]) or \
+            "no strategy ran"
         return Recommendation(strategy=None, reason=f"no strategy passed: {why}")
     best = max(good, key=lambda s: good[s].useful_tokens_per_s)
     b = good[best]
@@ -193,6 +196,8 @@ def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: in
                           f"{fmt_bytes(o.peak_memory_bytes_per_rank)}")
     if unfit:
         reason.append(f"{', '.join(unfit)} does not fit the device")
+    if crashed:
+        reason.append(f"{', '.join(crashed)} failed (see its error and log lines)")
     if b.efficiency < 0.5:
         reason.append(f"but at efficiency {b.efficiency:.2f} each added device gives less "
                       "than half a device: price the N-card term against one card's")

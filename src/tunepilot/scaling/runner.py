@@ -144,18 +144,32 @@ def _launch_all(ctx: _Ctx, strategies: tuple[str, ...], nproc: int, world: int,
             "accumulation")
         try:
             records = ctx.run(s, s, nproc, b.accumulation, rdzv.for_launch(s))
-        except LaunchError as exc:
-            oom = ctx.does_not_fit(s)
-            if not oom:
-                raise
-            results[s] = StrategyResult(status="does_not_fit", nproc=nproc, world_size=world,
-                                        error=oom, launch_error=str(exc).splitlines()[0])
-            say(f"{s}: does not fit ({oom})")
+        except LaunchError as exc:  # recorded; the next strategy still runs
+            results[s] = failed_strategy(s, exc, ctx.does_not_fit(s), nproc, world)
+            say(f"{s}: {results[s].status.replace('_', ' ')} ({results[s].error})")
             continue
         results[s] = r = compare(summarize(records), baseline, b, ctx.spec.precision, nproc)
         say(f"{s}: {r.useful_tokens_per_s:,.0f} useful tokens/s, efficiency "
             f"{r.efficiency:.2f}, loss max diff {r.loss_max_abs_diff:.2e}")
     return baseline, results
+
+
+def failed_strategy(name: str, exc: LaunchError, oom: str | None, nproc: int, world: int
+                    ) -> StrategyResult:
+    """A strategy whose launch failed: out of memory on a rank (does_not_fit), or a crash or a
+    hang (failed), with the failing rank's last log lines."""
+    first = str(exc).splitlines()[0]
+    if oom:
+        return StrategyResult(status="does_not_fit", nproc=nproc, world_size=world, error=oom,
+                              launch_error=first, log_tail=exc.log_tail or None)
+    why = first.split(": ", 1)[1] if first.startswith(f"scale {name}: ") else first
+    why = why.split("; ", 1)[0]  # "rank R failed with exit code C after T s"
+    last = next((ln for ln in reversed((exc.log_tail or "").splitlines()) if ln.strip()), "")
+    if last:
+        why += f": {last.split(']:', 1)[-1].strip()}"  # its last log line, '[rank0]:' cut
+    return StrategyResult(status="failed", nproc=nproc, world_size=world, error=why,
+                          launch_error=first, log_tail=exc.log_tail or None,
+                          log=str(exc.log_path) if exc.log_path else None)
 
 
 @dataclass

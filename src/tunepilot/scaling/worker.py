@@ -44,20 +44,26 @@ def progress(rank: int, phase: str, detail: str = "") -> None:
           flush=True)
 
 
-def sample_fingerprints(batch: dict) -> list[str]:
+def sample_fingerprints(batch: dict, rows_per_sample: int = 1) -> list[str]:
     """One fingerprint per sample, of its unpadded ids and labels (tunepilot.dataset.
-    batch_fingerprint of a one-row batch), so batches cut differently can be compared."""
+    batch_fingerprint of the sample's rows), so batches cut differently can be compared. A
+    sample of several rows (a preference pair: the chosen rows come first, then the rejected
+    ones, TRL's concatenated layout) is one fingerprint of all its rows: the ranks' orders
+    interleave per sample, not per row (scaling/analysis.py interleave)."""
     import torch
 
     from tunepilot.dataset import batch_fingerprint
 
-    out = []
+    ids, labels = batch["input_ids"], batch["labels"]
     mask = batch["attention_mask"].bool() if "attention_mask" in batch else \
-        torch.ones_like(batch["input_ids"], dtype=torch.bool)  # packed rows: the row is the unit
-    for b in range(batch["input_ids"].shape[0]):
-        keep = mask[b]
-        out.append(batch_fingerprint({"input_ids": batch["input_ids"][b, keep][None],
-                                      "labels": batch["labels"][b, keep][None]}))
+        torch.ones_like(ids, dtype=torch.bool)  # packed rows: the row is the unit
+    samples = ids.shape[0] // rows_per_sample
+    out = []
+    for b in range(samples):
+        rows = [b + j * samples for j in range(rows_per_sample)]
+        out.append(batch_fingerprint({
+            "input_ids": torch.cat([ids[r, mask[r]] for r in rows])[None],
+            "labels": torch.cat([labels[r, mask[r]] for r in rows])[None]}))
     return out
 
 
@@ -136,6 +142,24 @@ def placement(strategy: str, spec, device, timer: CommTimer | None = None) -> di
     return {"prepare": lambda m: wrap(m, strategy, spec, device, timer)}
 
 
+def launch_spec(spec, job: ScaleJob):
+    """The spec one launch runs. A generative objective (GRPO/RLOO) takes its generation batch
+    from the spec's micro-batch x accumulation (x steps_per_generation / accumulation), so the
+    launch's micro-batch and accumulation become the spec's: each rank then generates for its
+    share of the global batch (G / W completions per step), and the 1-rank baseline for all of
+    it - the same prompts per optimizer step on both sides."""
+    if not spec.objective.generative:
+        return spec
+    o = spec.objective
+    changes: dict = {"micro_batch_size": job.micro_batch,
+                     "gradient_accumulation_steps": job.accumulation}
+    if o.steps_per_generation is not None:
+        per_step = o.steps_per_generation // spec.gradient_accumulation_steps
+        changes["objective"] = o.model_copy(
+            update={"steps_per_generation": per_step * job.accumulation}).model_dump()
+    return spec.with_changes(**changes)
+
+
 class MemoryWatch:
     """Peak memory of this rank over the training steps (from after the model is wrapped, so a
     sharded model's full pre-shard copy is not counted): the caching allocator's peak on CUDA;
@@ -207,7 +231,8 @@ def init_group(device_kind: str, threads: int) -> tuple[int, int, object]:
     return rank, local_rank, device
 
 
-def _step_record(i: int, job: ScaleJob, st, timer, batches: list, device) -> RankStep:
+def _step_record(i: int, job: ScaleJob, st, timer, batches: list, device,
+                 rows_per_sample: int) -> RankStep:
     import torch
     import torch.distributed as dist
 
@@ -223,7 +248,8 @@ def _step_record(i: int, job: ScaleJob, st, timer, batches: list, device) -> Ran
                     comm_inflight_s=timer.inflight_s if timer else None,
                     comm_exposed_s=timer.exposed_s() if timer else None,
                     comm_buckets=timer.buckets if timer else None,
-                    samples=[f for b in batches for f in sample_fingerprints(b)])
+                    samples=[f for b in batches
+                             for f in sample_fingerprints(b, rows_per_sample)])
 
 
 def run(job: ScaleJob) -> RankRecord:
@@ -245,12 +271,13 @@ def run(job: ScaleJob) -> RankRecord:
         raise SystemExit(f"rank {rank}: micro-batch {job.micro_batch} x accumulation "
                          f"{job.accumulation} x {world} ranks != global batch "
                          f"{job.global_batch}")
-    spec = spec_from_dict(job.spec, source="the scaling job")
+    spec = launch_spec(spec_from_dict(job.spec, source="the scaling job"), job)
     timer = CommTimer() if (job.strategy == "ddp" and device.type == "cpu") else None
     progress(rank, "model")
     run_ = build_run(spec, device, total_steps=job.warmup_steps + job.steps,
                      base_dir=Path(job.base_dir) if job.base_dir else None,
-                     rank=rank, world_size=world, micro_batch_size=job.micro_batch,
+                     rank=rank, world_size=world,
+                     micro_batch_size=None if spec.objective.generative else job.micro_batch,
                      **placement(job.strategy, spec, device, timer))
     state, stream = run_.state, run_.stream
     params_local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
@@ -271,7 +298,8 @@ def run(job: ScaleJob) -> RankRecord:
             timer.reset()
         batches.clear()
         st = train_step(state, next_batch, spec, accumulation=job.accumulation)
-        steps.append(_step_record(i, job, st, timer, batches, device))
+        steps.append(_step_record(i, job, st, timer, batches, device,
+                                  spec.objective.sequences_per_sample))
     progress(rank, "report")
     record = RankRecord(
         rank=rank, local_rank=local_rank, world_size=world, host=socket.gethostname(),

@@ -25,8 +25,9 @@ computed once, without gradient). Importing this imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,7 @@ import torch
 from tunepilot.dataset import IGNORE_INDEX
 from tunepilot.spec import RunSpec
 from tunepilot.spec.objective import lengths
-from tunepilot.training.preference import reference_token_logps, token_logps
+from tunepilot.training.preference import reference_token_logps, token_logps, unwrapped
 
 CLIP_EPSILON = 0.2  # GRPOConfig.epsilon (TRL 1.16)
 ADVANTAGE_EPS = 1e-4  # TRL: advantages / (std + 1e-4)
@@ -85,8 +86,8 @@ def generate(model: torch.nn.Module, prompts: dict, spec: RunSpec, *, pad_id: in
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    with torch.no_grad(), autocast_context(spec, dev.type):
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=c,
+    with torch.no_grad(), autocast_context(spec, dev.type), generating(model) as gen:
+        out = gen.generate(input_ids=ids, attention_mask=mask, max_new_tokens=c,
                              min_new_tokens=c if full_length else None, do_sample=True,
                              temperature=1.0, top_k=0, top_p=1.0, use_cache=True,
                              pad_token_id=pad_id, eos_token_id=eos_id)
@@ -98,6 +99,34 @@ def generate(model: torch.nn.Module, prompts: dict, spec: RunSpec, *, pad_id: in
     if short > 0:
         out = torch.nn.functional.pad(out, (0, short), value=pad_id if eos_id is None else eos_id)
     return out, seconds
+
+
+@contextlib.contextmanager
+def generating(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The module whose ``generate`` to call, with what its wrapper must gather around it.
+
+    DDP: the wrapped module (every rank holds the whole model). FSDP1: the root's own
+    parameters (embeddings, final norm, lm_head) gathered with summon_full_params(recurse=False),
+    as TRL's GRPOTrainer does; each nested unit (decoder layer) gathers its own in its forward.
+    FSDP2: ``generate`` registered as a forward method of the root (register_fsdp_forward_method),
+    so the root's pre-/post-forward hooks gather and free its parameters around the whole call
+    (PEFT's and transformers' generate never call the root's forward). transformers sees the
+    FSDP modules and keeps every rank decoding until all are done (synced_gpus)."""
+    inner = unwrapped(model)
+    if inner is not model:  # DDP
+        yield inner
+        return
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(model, FSDP):
+        with FSDP.summon_full_params(model, recurse=False, writeback=False):
+            yield model.module
+        return
+    if isinstance(model, FSDPModule) and not getattr(model, "_tunepilot_generate", False):
+        register_fsdp_forward_method(model, "generate")
+        model._tunepilot_generate = True
+    yield model
 
 
 def completion_labels(seqs: torch.Tensor, prompt_len: int, eos_id: int | None

@@ -12,8 +12,17 @@
                  disabled (PEFT's disable_adapter), or the frozen copy (TrainState.reference)
     losses       sigmoid (DPO), ipo (length-normalised, as TRL), hinge; simpo and cpo (TRL's
                  CPOTrainer, no reference); orpo (NLL + the odds-ratio term)
-The loss of a micro-batch is the sum over its pairs divided by ``num_items`` (the step's pairs),
-so accumulation and ranks give the mean over the global batch. Importing this imports torch.
+    kto          TRL's KTOTrainer (loss_type kto): unpaired rows, each desirable or not; the
+                 KL estimate is the data's mismatched rows (each prompt with the completion of
+                 the row before it, TRL's _get_kl_dataset) through the policy and the reference,
+                 without gradient, clamped at 0 - averaged over the optimizer step's rows on
+                 every rank (TRL averages per micro-batch over the ranks: the same estimate
+                 from more rows, and one that N ranks and one rank with accumulation agree on)
+    reward       TRL's RewardTrainer: a sequence-classification head scores chosen and
+                 rejected, -log sigmoid(r_chosen - r_rejected)
+The loss of a micro-batch is the sum over its pairs (KTO: rows) divided by ``num_items`` (the
+step's pairs or rows), so accumulation and ranks give the mean over the global batch.
+Importing this imports torch.
 """
 
 from __future__ import annotations
@@ -24,11 +33,15 @@ import torch
 import torch.nn.functional as F
 
 from tunepilot.dataset import IGNORE_INDEX
+from tunepilot.errors import UserError
 from tunepilot.spec import CHUNKED_LOSS_TOKENS, RunSpec
 
 # TRL's CPOConfig defaults (trl/experimental/cpo/cpo_config.py, TRL 1.16)
 SIMPO_GAMMA = 0.5
 CPO_ALPHA = 1.0
+# TRL's KTOConfig defaults (trl/trainer/kto_config.py): desirable_weight, undesirable_weight
+KTO_DESIRABLE_WEIGHT = 1.0
+KTO_UNDESIRABLE_WEIGHT = 1.0
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -84,13 +97,24 @@ def _chunked_logps(model, batch: dict, index: torch.Tensor, keep: int | None) ->
     return torch.cat(parts).reshape(rows, n)
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a DistributedDataParallel wrapper holds (DDP forwards no attribute - not
+    PEFT's disable_adapter, not generate - and a forward without gradient needs none of its
+    hooks); any other model as it is: FSDP2 keeps the module's own class, and FSDP1's wrapper
+    forwards attributes and must run its own forward (it gathers the parameters)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
 def reference_off(model: torch.nn.Module, reference: torch.nn.Module | None):
     """(the model to run, its context) for the reference forward: the frozen copy, or the LoRA
-    model with its adapters disabled."""
+    model with its adapters disabled (under DDP, the wrapped module's)."""
     if reference is not None:
         return reference, contextlib.nullcontext()
-    if hasattr(model, "disable_adapter"):
-        return model, model.disable_adapter()
+    inner = unwrapped(model)
+    if hasattr(inner, "disable_adapter"):
+        return inner, inner.disable_adapter()
     raise RuntimeError("a reference forward needs LoRA adapters to disable or a frozen copy")
 
 
@@ -149,3 +173,60 @@ def _pair_losses(o, seq: torch.Tensor, n_tok: torch.Tensor, ref: torch.Tensor | 
         return nll - beta * F.logsigmoid(log_odds)
     # cpo (sigmoid without a reference) + the behaviour-cloning NLL of chosen
     return -F.logsigmoid(beta * (chosen - rejected)) + CPO_ALPHA * nll
+
+
+def reward_loss(model: torch.nn.Module, batch: dict, num_items=None) -> torch.Tensor:
+    """The micro-batch's reward-model loss (TRL's RewardTrainer, no margin): the scalar head
+    on chosen then rejected rows, -log sigmoid(r_chosen - r_rejected) summed over the pairs."""
+    pairs = batch["input_ids"].shape[0] // 2
+    rewards = model(input_ids=batch["input_ids"],
+                    attention_mask=batch.get("attention_mask")).logits.squeeze(-1).float()
+    per_pair = -F.logsigmoid(rewards[:pairs] - rewards[pairs:])
+    return per_pair.sum() / (num_items if num_items is not None else pairs)
+
+
+def mismatched(batch: dict) -> dict:
+    """KTO's KL rows of a batch: each row's prompt with another row's completion (the data
+    builds them: tunepilot.dataset's UnpairedRows, as TRL's _get_kl_dataset)."""
+    return {k.removeprefix("kl_"): v for k, v in batch.items() if k.startswith("kl_")}
+
+
+def kto_loss(model: torch.nn.Module, batch: dict, spec: RunSpec, num_items=None,
+             reference: torch.nn.Module | None = None) -> torch.Tensor:
+    """The micro-batch's KTO loss (TRL's kto_loss, loss_type kto), summed over its rows."""
+    o = spec.objective
+    if o.effective_loss_type != "kto":
+        raise UserError("objective.loss_type", f"{o.loss_type!r}: tunepilot's own step runs "
+                        "KTO's loss_type kto.", "Remove objective.loss_type (plan the variant "
+                        "with `tunepilot plan`; its memory is the same).")
+    beta = o.effective_beta
+    logps, _ = token_logps(model, batch, spec)
+    ref = reference_token_logps(model, batch, spec, reference).sum(-1)
+    kl = batch["kto_kl"] if "kto_kl" in batch else kto_kl(model, [batch], spec, reference)
+    ratio = logps.sum(-1) - ref
+    losses = torch.where(batch["desirable"],
+                         KTO_DESIRABLE_WEIGHT * (1 - torch.sigmoid(beta * (ratio - kl))),
+                         KTO_UNDESIRABLE_WEIGHT * (1 - torch.sigmoid(beta * (kl - ratio))))
+    return losses.sum() / (num_items if num_items is not None else losses.shape[0])
+
+
+def kto_kl(model: torch.nn.Module, batches: list[dict], spec: RunSpec,
+           reference: torch.nn.Module | None = None) -> torch.Tensor:
+    """KTO's KL estimate over ``batches`` (an optimizer step's micro-batches) on every rank:
+    the mean over their mismatched rows of policy - reference log-probs, no gradient, clamped
+    at 0 (a 0-d fp32 tensor)."""
+    import torch.distributed as dist
+
+    total, rows = None, 0
+    for batch in batches:
+        kl_batch = mismatched(batch)
+        with torch.no_grad():
+            policy = token_logps(unwrapped(model), kl_batch, spec)[0].sum(-1)
+        ref = reference_token_logps(model, kl_batch, spec, reference).sum(-1)
+        part = (policy - ref).float().sum()
+        total = part if total is None else total + part
+        rows += kl_batch["input_ids"].shape[0]
+    both = torch.stack([total, torch.tensor(float(rows), device=total.device)])
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(both)  # SUM over the ranks
+    return (both[0] / both[1].clamp(min=1)).clamp(min=0).detach()

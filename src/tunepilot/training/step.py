@@ -39,6 +39,10 @@ def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
     """
     if spec.objective.kind != "sft" and spec.model.task == "causal-lm":
         return objective_loss(model, batch, spec, num_items, reference)
+    if spec.objective.kind == "reward":
+        from tunepilot.training.preference import reward_loss
+
+        return reward_loss(model, batch, num_items)
     extra = {k: batch[k] for k in ("position_ids",) if k in batch}  # packed rows
     if spec.model.task == "sequence-classification":  # labels: one class per sequence
         return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
@@ -72,7 +76,8 @@ def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
     return total / n
 
 
-OWN_STEP_OBJECTIVES = ("sft", "dpo", "ipo", "orpo", "simpo", "cpo", "grpo", "rloo")
+OWN_STEP_OBJECTIVES = ("sft", "dpo", "ipo", "orpo", "simpo", "cpo", "kto", "reward", "grpo",
+                       "rloo")
 """the objectives tunepilot's own step runs (the plan models every kind)"""
 
 
@@ -83,6 +88,10 @@ def objective_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec, num_item
         from tunepilot.training.preference import preference_loss
 
         return preference_loss(model, batch, spec, num_items, reference)
+    if o.kind == "kto":
+        from tunepilot.training.preference import kto_loss
+
+        return kto_loss(model, batch, spec, num_items, reference)
     if o.kind in ("grpo", "rloo"):
         from tunepilot.training.generation import grpo_loss
 
@@ -94,8 +103,12 @@ def objective_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec, num_item
 
 def normalizer(batches: list[Batch], dev: torch.device, spec: RunSpec) -> tuple[torch.Tensor, int]:
     """What the step's loss is a mean over (all ranks), and the world size: pairs for the DPO
-    family (TRL averages the pair losses), useful tokens otherwise (step_token_count)."""
-    if not spec.objective.paired:
+    family and a reward model (TRL averages the pair losses), rows for KTO, useful tokens
+    otherwise (step_token_count)."""
+    o = spec.objective
+    if o.kind == "kto":
+        return _summed_over_ranks(sum(b["input_ids"].shape[0] for b in batches), dev)
+    if not o.paired:
         return step_token_count(batches, dev)
     return _summed_over_ranks(sum(b["input_ids"].shape[0] // 2 for b in batches), dev)
 
@@ -144,6 +157,19 @@ def _summed_over_ranks(local: float, dev: torch.device) -> tuple[torch.Tensor, i
     return n.clamp(min=1.0), world
 
 
+def tokens_over_ranks(local: int, dev: torch.device) -> int:
+    """This rank's useful tokens of a step summed over every rank: the run's progress
+    (TrainState.useful_tokens_seen) is the global count, so a checkpoint's count is the same
+    whichever rank writes it and whatever rank count resumes it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return int(local)
+    n = torch.tensor(int(local), dtype=torch.int64, device=dev)
+    dist.all_reduce(n)
+    return int(n.item())
+
+
 @dataclass
 class StepStats:
     """One optimizer step: its loss (this rank's share of the step's token mean), its LR and
@@ -176,6 +202,7 @@ class TrainState:
     scaler: object | None = None
     step: int = 0
     useful_tokens_seen: int = 0
+    """over every rank (tokens_over_ranks)"""
     no_sync: Callable[[], contextlib.AbstractContextManager] | None = None
     """DDP: skips the gradient all-reduce on all but the last micro-batch"""
     reference: torch.nn.Module | None = None
@@ -248,6 +275,8 @@ def train_step(state: TrainState, next_batch: Callable[[], Batch], spec: RunSpec
     t0 = time.perf_counter()
     batches = _fetch(next_batch, accum, stats, fingerprint)
     n_step, world = normalizer(batches, dev, spec)
+    if spec.objective.kind == "kto":  # its KL estimate is the step's, not a micro-batch's
+        _step_kl(state, batches, spec, dev)
     losses = [micro_step(state, batch, spec, n_step / world, stats, split_timing,
                          last=(i == accum - 1))
               for i, batch in enumerate(batches)]
@@ -261,8 +290,19 @@ def train_step(state: TrainState, next_batch: Callable[[], Batch], spec: RunSpec
     # step's token-mean loss (x world); summed over ranks / world it is the global token mean
     stats.grad_norm = float(norm)
     state.step += 1
-    state.useful_tokens_seen += stats.useful_tokens
+    state.useful_tokens_seen += tokens_over_ranks(stats.useful_tokens, dev)
     return stats
+
+
+def _step_kl(state: TrainState, batches: list[Batch], spec: RunSpec, dev) -> None:
+    """KTO: the step's KL estimate (training/preference.py kto_kl) into every micro-batch."""
+    from tunepilot.training.preference import kto_kl
+
+    moved = [{k: v.to(dev, non_blocking=True) for k, v in b.items()} for b in batches]
+    with autocast_context(spec, dev.type):
+        kl = kto_kl(state.model, moved, spec, state.reference)
+    for b in batches:
+        b["kto_kl"] = kl
 
 
 def _fetch(next_batch: Callable[[], Batch], accum: int, stats: StepStats,
@@ -373,5 +413,5 @@ def generative_step(state, next_batch: Callable[[], dict], spec: RunSpec, *,
     stats.loss = float(torch.stack(losses).sum().float().item())
     stats.grad_norm = float(norm)
     state.step += 1
-    state.useful_tokens_seen += stats.useful_tokens
+    state.useful_tokens_seen += tokens_over_ranks(stats.useful_tokens, dev)
     return stats

@@ -93,7 +93,17 @@ def _render_preflight(pre: PreflightResult, node: NodeFacts, col: dict) -> None:
     else:
         console.print(f"  bus bandwidth: {bw.get('unavailable')}")
     link = pre.link
-    if "fraction_of_link" in link:
+    net = link.get("nccl_network") or bw.get("nccl_network")
+    if net:
+        console.print(f"  NCCL's network between nodes (its own report): {net['network']}"
+                      + (f", provider {net['provider']}" if net.get("provider") else ""))
+    if "fraction_of_fabric" in link:
+        console.print(f"  fabric ({link['scope']}): {link['link']}; measured all-reduce busbw "
+                      f"{link['measured_busbw_gbps']:,.1f} GB/s = "
+                      f"{link['wire_gbps_per_card']:,.1f} GB/s per card on the wire, "
+                      f"{link['fraction_of_fabric']:.0%} of its "
+                      f"{link['fabric_gbps_per_card']:,.1f} GB/s per card ({link['rule']})")
+    elif "fraction_of_link" in link:
         console.print(f"  link: {link['card']} {link['link']} "
                       f"{link['bandwidth_gbps_per_direction']:,.0f} GB/s per direction; measured "
                       f"all-reduce busbw is {link['fraction_of_link']:.0%} of it")
@@ -130,6 +140,12 @@ def _render_strategies(strategies: dict[str, StrategyResult]) -> None:
     for s, r in strategies.items():
         if r.note:
             console.print(f"note ({s}): {r.note}")
+        if r.status != "ok" and r.error:
+            console.print(f"[red]{s} {r.status.replace('_', ' ')}[/red]: {r.error}")
+            if r.log_tail:
+                console.print(f"  last lines of its log ({r.log or 'the rank log'}):")
+                console.print("\n".join("    " + ln for ln in r.log_tail.splitlines()),
+                              markup=False, highlight=False)
 
 
 def _render_ranks(strategy: str, per_rank: list[dict]) -> None:
