@@ -91,7 +91,7 @@ def _scaling(spec, strategies: dict) -> ScalingResult:
         preflight=PreflightResult(nproc=2, nnodes=1, node=NodeFacts(kind="cuda", device_count=2),
                                   topology=TopologyFacts(source="none"), ranks=[]),
         baseline=base, recommendation=Recommendation(strategy="ddp", reason="-"),
-        strategies={k: StrategyResult(status="ok", world_size=v["nproc"], **v)
+        strategies={k: StrategyResult(status="ok", **{"world_size": v["nproc"], **v})
                     for k, v in strategies["strategies"].items()})
 
 

@@ -130,7 +130,7 @@ def test_launch_via_skypilot_writes_a_task_skypilot_loads(tmp_path):
     assert task["resources"]["accelerators"] == "H100:8" and task["num_nodes"] == 2
     assert "tunepilot run llama3-8b-lora.yaml --card h100-sxm-80gb --count 16" in task["run"]
     assert "--node-rank $SKYPILOT_NODE_RANK" in task["run"]
-    assert any(c.startswith("sky rsync-down") for c in plan["commands_after"])
+    assert plan["commands_after"][0].startswith(f"rsync -Pavz {plan['cluster']}:~/sky_workdir/")
     if not SKY_PY.exists():
         pytest.skip("no .venv-sky (make test creates it): SkyPilot's own parser not run")
     check = subprocess.run([str(SKY_PY), "-c", "import sys, sky; t = sky.Task.from_yaml("
@@ -143,7 +143,7 @@ def test_launch_via_skypilot_writes_a_task_skypilot_loads(tmp_path):
 def test_launch_via_slurm_writes_the_directives(tmp_path):
     out = tmp_path / "pilot.sbatch"
     proc = _cli("launch", SPEC, "--card", "h200", "--count", "2", "--via", "slurm", "--out", out,
-                "--hours", "1.5")
+                "--hours", "24", "--time-limit", "1.5")
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     for line in ("#SBATCH --nodes=1", "#SBATCH --gres=gpu:2", "#SBATCH --time=01:30:00"):
@@ -212,9 +212,15 @@ def test_slurm_gives_every_node_its_own_rank_and_out_and_kills_on_a_bad_exit(tmp
     proc = _cli("launch", SPEC, "--card", "h100", "--count", "16", "--via", "slurm", "--out",
                 out, "--hours", "2")
     assert proc.returncode == 0, proc.stderr
-    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}:{os.environ['PATH']}",
+    fake = _fake_bin(tmp_path)
+    venv = tmp_path / "venv" / "bin"  # the venv the script activates (on the shared filesystem)
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(fake / "python")
+    (venv / "activate").write_text(f'export PATH="{fake}:$PATH"\n')
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",
            "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_NODEID": "0", "SLURM_NNODES": "2",
-           "SLURM_JOB_ID": "7"}
+           "SLURM_JOB_ID": "7", "TUNEPILOT_VENV": str(tmp_path / "venv"),
+           "TMPDIR": str(tmp_path / "scratch")}
     run = subprocess.run(["bash", str(out)], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 0, run.stderr
@@ -224,11 +230,13 @@ def test_slurm_gives_every_node_its_own_rank_and_out_and_kills_on_a_bad_exit(tmp
     ranks = [c.split("--node-rank ")[1].split()[0] for c in scale]
     outs = [c.split("--out ")[1].split()[0] for c in scale]
     assert sorted(ranks) == ["0", "1"], scale  # each node its own rank
-    assert len(set(outs)) == 2, scale  # each node its own directory on the shared filesystem
+    assert len(set(outs)) == 2, scale  # each node its own directory
     for c in scale:
         node = c.split()[0].removeprefix("node=")
-        assert f"--node-rank {node} " in c and c.split("--out ")[1].split()[0].endswith(
-            f"node{node}")
+        out_dir = c.split("--out ")[1].split()[0]
+        assert f"--node-rank {node} " in c
+        assert out_dir.endswith(f"-node{node}") if node != "0" else not out_dir.endswith(
+            "-node0")  # node 0 writes RUN_DIR itself: its scale.json is the run's
     assert out.read_text().count("srun --kill-on-bad-exit=1") == 2  # one failing node ends all
 
 

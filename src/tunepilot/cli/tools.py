@@ -166,8 +166,17 @@ def launch(
     wheel: Annotated[Path | None, typer.Option(
         "--wheel", help="A tunepilot wheel (.whl) to install on the node, e.g. one built with "
         "`pip wheel --no-deps -w dist .`.")] = None,
-    submit: Annotated[bool, typer.Option("--submit", help="Submit it (sky launch / sbatch; "
-                                         "only when installed).")] = False,
+    submit: Annotated[bool, typer.Option("--submit", help="Submit it (only when installed): "
+                                         "sbatch; or sky launch -c NAME, then the copy-back and "
+                                         "the teardown.")] = False,
+    teardown: Annotated[str, typer.Option("--teardown", help="SkyPilot, after the copy-back: "
+                                          "down (tear the cluster down) or stop.")] = "down",
+    idle_minutes: Annotated[int | None, typer.Option(
+        "--idle-minutes", min=1, max=10080, help="SkyPilot: stop (or tear down) the cluster "
+        "after this many idle minutes anyway (default 30).")] = None,
+    time_limit: Annotated[str | None, typer.Option(
+        "--time-limit", help="Slurm --time of the pilot job, e.g. 2h or 90m (default: the "
+        "pilot's projected wall time with a margin).")] = None,
     catalog: Annotated[Path | None, typer.Option("--catalog", help="A catalog YAML.")] = None,
     spot: Annotated[bool, typer.Option("--spot", help="Run on spot capacity: writes SPEC.spot"
                                        ".yaml beside the spec with checkpoint.every_steps at the "
@@ -205,16 +214,23 @@ def launch(
                         "applies with --spot.", "Add --spot, or drop it.")
     spot_quote = _spot_for_launch(run_spec, spec, the_card, count, cat, spot_rate, from_dir) \
         if spot else None
+    from tunepilot.launch.walltime import parse_time_limit
+
+    limit_s = parse_time_limit(time_limit) if time_limit else None
+    if time_limit and via != "slurm":
+        raise UserError("--time-limit", "applies to --via slurm (a SkyPilot cluster is "
+                        "stopped or torn down after its job instead).", "Drop it.")
     text, plan = plan_launch(spec, run_spec, the_card, count=count, via=via, out=out, hours=h,
                              gpus_per_node=gpus_per_node, install=install, wheel=wheel,
-                             spot=spot_quote)
+                             spot=spot_quote, teardown=teardown, idle_minutes=idle_minutes,
+                             time_limit_s=limit_s, catalog=cat)
     for w in plan.warnings:
         say(f"warning: {w}")
     atomic_write_bytes(out, text.encode())
     if via == "slurm":
         out.chmod(0o755)
     if submit:
-        plan.submitted = do_submit(via, out)
+        plan.submitted = do_submit(plan, out)
     if as_json:
         emit_json(plan.to_dict())
         return

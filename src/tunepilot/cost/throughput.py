@@ -199,16 +199,20 @@ def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Fig
     run = ctx.run
     entry = run.strategy(strategy) if run else None
     same_card = run is not None and run.card_id == card.id
-    if same_card and entry is not None and entry.nproc == count and entry.useful_tokens_per_s:
+    # ranks in all (a multi-node scale.json: nproc per node x nodes), not ranks per node
+    ranks = (entry.world_size or entry.nproc) if entry is not None else None
+    if same_card and entry is not None and ranks == count and entry.useful_tokens_per_s:
         eff = entry.efficiency if entry.efficiency is not None else \
             entry.useful_tokens_per_s / (count * one.value)
-        how = f"scale.json strategies.{strategy} at nproc={count} on {card.id}"
+        how = f"scale.json strategies.{strategy} at {count} ranks on {card.id}" + (
+            f" ({entry.nproc} per node x {count // entry.nproc} nodes)"
+            if entry.nproc and entry.nproc != count else "")
         return (Figure.measured(eff, "fraction", how),
                 Figure.measured(entry.useful_tokens_per_s, "tokens/s", how))
-    if same_card and entry is not None and entry.efficiency is not None and entry.nproc:
+    if same_card and entry is not None and entry.efficiency is not None and ranks:
         e = Figure.projected(entry.efficiency, "fraction",
                              f"scale.json strategies.{strategy}.efficiency measured at "
-                             f"nproc={entry.nproc} on {card.id}, applied at {count}")
+                             f"{ranks} ranks on {card.id}, applied at {count}")
     else:
         value, how = efficiency_parts(strategy, count, None,
                                       ctx.spec.batch.positions_per_step_on(count) / count,

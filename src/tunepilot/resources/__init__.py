@@ -12,6 +12,7 @@ THROUGHPUT_MODEL_YAML = RESOURCES / "throughput_model.yaml"
 THROUGHPUT_RUNS_YAML = RESOURCES / "throughput_runs.yaml"
 STEP_MODEL_YAML = RESOURCES / "step_model.yaml"
 RUNTIME_YAML = RESOURCES / "runtime.yaml"
+LAUNCH_YAML = RESOURCES / "launch.yaml"
 DEMO_SPEC_YAML = RESOURCES / "demo.yaml"
 PRESETS_DIR = RESOURCES / "presets"
 TINY_DIR = RESOURCES / "tiny"
@@ -37,3 +38,9 @@ def read_yaml(path: Path) -> object:
 def runtime_constants() -> dict:
     """runtime.yaml (the runtime context, workspaces, the allocator's reserve), read once."""
     return read_yaml(RUNTIME_YAML)
+
+
+@cache
+def launch_constants() -> dict:
+    """launch.yaml (the pilot job's allowances, SkyPilot's idle safety net), read once."""
+    return read_yaml(LAUNCH_YAML)

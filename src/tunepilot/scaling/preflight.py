@@ -428,6 +428,7 @@ def measure_bus_bandwidth(nproc: int, node: NodeProbe, *, log_dir: Path, out_fil
                           sizes_bytes: list[int] | None = None, iters: int = 5) -> dict:
     """Run tunepilot.scaling.bench under torchrun on nproc ranks per node."""
     from tunepilot.scaling.bench import DEFAULT_SIZES_BYTES
+    from tunepilot.scaling.fabric import NCCL_DEBUG_ENV, nccl_network
     from tunepilot.scaling.launch import launch
     from tunepilot.store import read_json
 
@@ -435,14 +436,19 @@ def measure_bus_bandwidth(nproc: int, node: NodeProbe, *, log_dir: Path, out_fil
     args = ["--out", str(out_file), "--sizes-bytes", ",".join(str(s) for s in sizes),
             "--iters", str(iters)]
     env = {"TUNEPILOT_SCALE_DEVICE": "cpu" if node.kind == "cpu" else "cuda"}
+    across = rdzv is not None and rdzv.nnodes > 1 and node.kind != "cpu"
+    if across:  # NCCL names the network it chose between nodes (NET/IB, Socket, Libfabric)
+        env.update(NCCL_DEBUG_ENV)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     res = launch("preflight bus-bandwidth benchmark", "tunepilot.scaling.bench", args,
                  nproc=nproc, log_dir=log_dir, timeout_s=timeout_s, rdzv=rdzv, env=env)
+    net = nccl_network([p for r in res.rank_logs for p in (r.stdout, r.stderr)]) \
+        if across else None
     if not out_file.exists():
         return {"unavailable": "the benchmark wrote no result on this node (it is written by "
-                "local rank 0 of each node)", "launch": res.to_dict()}
-    return dict(read_json(out_file), wall_s=res.wall_s)
+                "local rank 0 of each node)", "launch": res.to_dict(), "nccl_network": net}
+    return dict(read_json(out_file), wall_s=res.wall_s, nccl_network=net)
 
 
 def preflight(nproc: int, *, device: str = "auto", nnodes: int = 1, node: NodeProbe | None = None,
@@ -473,7 +479,14 @@ def preflight(nproc: int, *, device: str = "auto", nnodes: int = 1, node: NodePr
         bw = measure_bus_bandwidth(nproc, node, log_dir=log_dir, out_file=out_dir / "bench.json",
                                    timeout_s=timeout_s, rdzv=rdzv, threads=threads,
                                    sizes_bytes=sizes_bytes)
-        link, more = compare_busbw(bw, link)
+        if nnodes > 1:  # the yardstick is the network between the nodes, not NVLink
+            from tunepilot.scaling.fabric import compare_cross_node, offer_fabric
+
+            fabric, cards = offer_fabric(node.card_id, catalog)
+            link, more = compare_cross_node(bw, fabric, cards, nnodes, world,
+                                            bw.get("nccl_network"))
+        else:
+            link, more = compare_busbw(bw, link)
         warnings += more
     return Preflight(nproc=nproc, nnodes=nnodes, node=node, threads_per_rank=threads,
                      topology=topo, ranks=ranks, bus_bandwidth=bw, link=link,

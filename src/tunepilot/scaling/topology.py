@@ -211,6 +211,9 @@ def no_topology(why: str) -> Topology:
 # NVML's common-ancestor levels (nvml.h nvmlGpuTopologyLevel_t) -> nvidia-smi's path codes.
 NVML_LEVEL_CODES = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 NVML_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS (Hopper has 18 NVLinks per GPU)
+NVML_NVLINK_DEVICE_TYPE_SWITCH = 2  # nvml.h nvmlNvLinkDeviceType_t: GPU 0, IBMNPU 1, SWITCH 2
+NVML_P2P_CAPS_INDEX_NVLINK = 3  # nvml.h nvmlGpuP2PCapsIndex_t
+NVML_P2P_STATUS_OK = 0
 
 
 def topology_from_nvml(nvml, handles: list) -> Topology:
@@ -220,10 +223,12 @@ def topology_from_nvml(nvml, handles: list) -> Topology:
     answers (nvidia-smi may be absent in a container that has the library)."""
     topo = Topology(source="NVML (pynvml)")
     pci = [_text(nvml.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles]
+    switch = [_switch_links(nvml, h) for h in handles]
     topo.devices = [f"GPU{i}" for i in range(len(handles))]
     for i, h in enumerate(handles):
         for j in range(i + 1, len(handles)):
-            links = _nvlinks_between(nvml, h, pci[j])
+            links = _nvlinks_between(nvml, h, pci[j]) or \
+                _through_switch(nvml, h, handles[j], switch[i], switch[j])
             if links:
                 topo.links[f"{i}-{j}"] = f"NV{links}"
             else:
@@ -256,6 +261,46 @@ def _nvlinks_between(nvml, h, other_bus_id: str) -> int:
         except Exception:
             continue
         n += remote == other_bus_id
+    return n
+
+
+def _switch_links(nvml, h) -> int:
+    """Active NVLinks of a GPU whose far end is an NVSwitch (HGX/DGX boards: every link of
+    every GPU; the remote PCI id is then the switch's, never a peer GPU's)."""
+    n = 0
+    for link in range(NVML_MAX_LINKS):
+        try:
+            if not nvml.nvmlDeviceGetNvLinkState(h, link):
+                continue
+            kind = int(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link))
+        except Exception:
+            continue
+        n += kind == NVML_NVLINK_DEVICE_TYPE_SWITCH
+    return n
+
+
+def _through_switch(nvml, a, b, switch_a: int, switch_b: int) -> int:
+    """NVLinks between two GPUs through NVSwitches: each GPU's switch links (the path runs at
+    the narrower end's count, as `nvidia-smi topo -m` prints NV18 on an HGX H100). Where NVML
+    cannot name a link's far end, its P2P status says whether the pair talks over NVLink."""
+    if switch_a and switch_b:
+        return min(switch_a, switch_b)
+    try:
+        if int(nvml.nvmlDeviceGetP2PStatus(a, b, NVML_P2P_CAPS_INDEX_NVLINK)) == \
+                NVML_P2P_STATUS_OK:
+            return max(switch_a, switch_b, _active_links(nvml, a), 1)
+    except Exception:
+        pass
+    return 0
+
+
+def _active_links(nvml, h) -> int:
+    n = 0
+    for link in range(NVML_MAX_LINKS):
+        try:
+            n += bool(nvml.nvmlDeviceGetNvLinkState(h, link))
+        except Exception:
+            continue
     return n
 
 

@@ -102,7 +102,9 @@ def _render_preflight(pre: PreflightResult, node: NodeFacts, col: dict) -> None:
                       f"{link['measured_busbw_gbps']:,.1f} GB/s = "
                       f"{link['wire_gbps_per_card']:,.1f} GB/s per card on the wire, "
                       f"{link['fraction_of_fabric']:.0%} of its "
-                      f"{link['fabric_gbps_per_card']:,.1f} GB/s per card ({link['rule']})")
+                      f"{link['fabric_gbps_per_card']:,.1f} GB/s per card "
+                      f"({link['fraction_of_expected']:.0%} of what published runs reach; "
+                      f"{link['rule']})")
     elif "fraction_of_link" in link:
         console.print(f"  link: {link['card']} {link['link']} "
                       f"{link['bandwidth_gbps_per_direction']:,.0f} GB/s per direction; measured "

@@ -74,9 +74,12 @@ def render_launch(plan) -> None:
     if plan.submitted is not None:
         console.print(f"submitted: {escape(plan.submitted)}")
     else:
-        how = (f"sky launch -c <name> {plan.out}" if plan.via == "skypilot" else
-               f"sbatch {plan.out}")
-        console.print(f"submit it: {escape(how)}  (or pass --submit)")
+        how = plan.launch_command or f"sbatch {plan.out}"
+        console.print(f"submit it: {escape(how)}  (or pass --submit"
+                      + (": it also copies back and tears the cluster down)" if
+                         plan.via == "skypilot" else ")"))
+    if plan.time_limit:
+        console.print(f"time limit {plan.time_limit} ({escape(plan.time_limit_how or '')})")
     console.print(f"installs tunepilot from {escape(plan.install)}")
     console.print("after the job:")
     for c in plan.commands_after:
