@@ -36,7 +36,7 @@ def test_a_preference_pair_is_one_sample_when_ranks_interleave():
     baseline reads 2 micro-batches of 4 pairs where each of 2 ranks reads one of 4: per pair the
     orders agree; per row they did not (#40 item 1: a false "data order differs")."""
     spec = load_spec(EXAMPLES / "tiny-dpo.yaml")
-    rows = spec.objective.sequences_per_sample
+    rows = spec.batch.sequences_per_sample
     assert rows == 2
 
     def prints(world, rank, n, per_row=False):
@@ -106,7 +106,7 @@ def test_preference_and_rl_objectives_scale_under_ddp_and_fsdp(example, tmp_path
         r = result.strategies[name]
         assert r.status == "ok", r.error
         assert r.loss_agrees and r.data_order_same and r.all_ranks_reported
-        assert r.samples_checked == 2 * (spec.global_batch_samples //
+        assert r.samples_checked == 2 * (spec.batch.global_samples //
                                          (spec.objective.generations if
                                           spec.objective.generative else 1))
     assert result.recommendation.strategy is not None

@@ -299,7 +299,7 @@ def run(job: ScaleJob) -> RankRecord:
         batches.clear()
         st = train_step(state, next_batch, spec, accumulation=job.accumulation)
         steps.append(_step_record(i, job, st, timer, batches, device,
-                                  spec.objective.sequences_per_sample))
+                                  spec.batch.sequences_per_sample))
     progress(rank, "report")
     record = RankRecord(
         rank=rank, local_rank=local_rank, world_size=world, host=socket.gethostname(),
