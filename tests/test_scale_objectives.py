@@ -151,8 +151,7 @@ def test_both_strategies_run_when_the_first_crashes(tmp_path, monkeypatch):
     assert ddp.status == "failed" and "fails on purpose" in ddp.error
     assert "fails on purpose" in ddp.log_tail
     assert fsdp.status == "ok" and fsdp.loss_agrees
-    assert result.recommendation.strategy == "fsdp" or result.recommendation.strategy in (
-        "single",)
+    assert result.recommendation.strategy != "ddp"
     assert "ddp failed" in result.recommendation.reason
     saved = json.loads((tmp_path / "run" / "scale.json").read_text())
     assert saved["strategies"]["ddp"]["status"] == "failed"

@@ -165,15 +165,16 @@ def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: in
         return Recommendation(strategy=None, reason=f"no strategy passed: {why}")
     best = max(good, key=lambda s: good[s].useful_tokens_per_s)
     b = good[best]
+    failed = f"; {', '.join(crashed)} failed (see its error and log lines)" if crashed else ""
     if b.useful_tokens_per_s <= base.useful_tokens_per_s:
         return Recommendation(strategy="single", reason=(
             f"{world} ranks with {best} deliver {b.useful_tokens_per_s:,.0f} useful tokens/s, "
             f"not more than one device's {base.useful_tokens_per_s:,.0f} (efficiency "
             f"{b.efficiency:.2f}): on this hardware scaling out loses; rent one device, or fix "
-            "what the preflight warns about first"))
+            "what the preflight warns about first" + failed))
     noise = _noise(good, device)
     if noise:
-        return Recommendation(strategy=None, inconclusive=True, reason=noise)
+        return Recommendation(strategy=None, inconclusive=True, reason=noise + failed)
     reason = [f"{best}: {b.useful_tokens_per_s:,.0f} useful tokens/s on {world} ranks, "
               f"efficiency {b.efficiency:.2f}"]
     other = next((s for s in good if s != best), None)
