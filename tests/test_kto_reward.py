@@ -11,8 +11,9 @@ import pytest
 from tunepilot.dataset import IGNORE_INDEX, build_dataset
 from tunepilot.pilot.runner import PilotOptions, run_pilot
 from tunepilot.spec import spec_from_dict
+from tunepilot.training.build import build_run
 from tunepilot.training.preference import mismatched
-from tunepilot.training.step import build_run, train_step
+from tunepilot.training.step import train_step
 
 BASE = {"model": {"preset": "tiny"}, "method": {"kind": "lora"}, "precision": "fp32",
         "sequence_length": 128, "micro_batch_size": 2, "gradient_accumulation_steps": 2}
