@@ -247,3 +247,32 @@ def test_a_tight_fit_is_quoted_with_why_and_ranked_after_runs_with_room(tmp_path
     c = compare(LORA_8B, catalog=cat)
     assert any(d.startswith("h100-sxm-80gb x 1:") for d in c.dropped)
     assert all(r.count > 1 for r in c.rows if r.card_id == "h100-sxm-80gb")
+
+
+def test_a_specs_tensor_parallel_narrows_the_rank_but_keeps_the_data_parallel_cell():
+    """A spec at tensor parallel 2: a rank half as wide (its MFU x the width model's ratio) on
+    the data-parallel cell - the communication is cost/comms.py's term, not a model-parallel
+    cell's (whose published runs hold theirs); a published layout takes that cell."""
+    from tunepilot.cost.mfu import mfu_for, shape_of
+    from tunepilot.spec import spec_from_dict
+
+    card = load_catalog().get("h100")
+    d = LORA_8B.model_dump(mode="json", exclude_none=True)
+    tp = spec_from_dict({**d, "parallel": {"strategy": "fsdp", "devices": 8, "tensor": 2}})
+    from tunepilot.model.arch import resolve_arch
+
+    arch = resolve_arch(LORA_8B)
+    assert shape_of(tp, arch)["width"] == arch.hidden_size / 2
+    assert not shape_of(tp, arch)["model_parallel"]
+    assert shape_of(LORA_8B, arch, layout={"tensor": 2})["model_parallel"]
+    c = throughput_model_width()
+    ratio = (1 + c / arch.hidden_size) / (1 + c / (arch.hidden_size / 2))
+    assert mfu_for(tp, card, arch).value == pytest.approx(
+        mfu_for(LORA_8B, card, arch).value * ratio, rel=1e-9)
+    assert "data-parallel" in mfu_for(tp, card, arch).how
+
+
+def throughput_model_width() -> float:
+    from tunepilot.cost.throughput_model import throughput_model
+
+    return throughput_model().width.constant

@@ -60,10 +60,11 @@ def estimate(implementation: str, card_id: str, method: str, activation_checkpoi
 
 def shape_of(spec, arch, seq: float | None = None, layout: dict | None = None) -> dict:
     """The run's shape the time model reads: the width one rank computes (hidden / tensor
-    parallel), the attention's share of the training FLOPs at ``seq`` (default the spec's
-    sequence length) and whether a replica spans several cards (tensor / pipeline / context
-    parallel: the model-parallel cells). ``layout`` (tensor, pipeline, context) overrides the
-    spec's parallel fields (an RL row's training layout as published)."""
+    parallel) and the attention's share of the training FLOPs at ``seq`` (default the spec's
+    sequence length). ``layout`` (tensor, pipeline, context: a published RL row's training
+    layout) also picks the model-parallel cells, whose published runs hold their tensor and
+    context parallel communication; a spec's own tensor / context parallel keeps the
+    data-parallel cells, its communication a term of its own (cost/comms.py)."""
     from tunepilot.model.flops import flops_per_token
 
     if arch is None:
@@ -73,7 +74,8 @@ def shape_of(spec, arch, seq: float | None = None, layout: dict | None = None) -
     fpt = flops_per_token(arch, spec, seq)
     return {"width": arch.hidden_size / degrees["tensor"],
             "attention_share": fpt.attention / fpt.train,
-            "model_parallel": degrees["tensor"] * degrees["pipeline"] * degrees["context"] > 1}
+            "model_parallel": layout is not None and
+            degrees["tensor"] * degrees["pipeline"] * degrees["context"] > 1}
 
 
 @dataclass(frozen=True)
