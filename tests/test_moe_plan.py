@@ -139,6 +139,7 @@ def test_the_plan_says_how_the_experts_run_and_what_that_costs():
     notes = " ".join(plan.assumptions)
     assert "48 of 48 layers route each token to 8 of 128 experts" in notes
     assert "grouped_mm" in notes and "fp32 weights' dtype" in notes  # no autocast op
+    assert "16-bit cast" not in notes  # the eager loop's, not grouped_mm's
     true = _plan("qwen3-30b-a3b", method={"kind": "full"}, precision="bf16-true")
     assert plan.per_device.activations_bytes > true.per_device.activations_bytes
     eager = _plan("qwen3-30b-a3b", method={"kind": "full"}, precision="bf16-mixed",

@@ -68,7 +68,7 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
         per_norm = 4 * h + (sb * h if full else 0)
     elif per_norm is None:
         per_norm = (4 if sb == 4 else 2) * h
-    norms = arch.norms_per_layer * per_norm
+    norms = arch.norms_per_layer * per_norm + qk_norm_saved_per_token(arch, spec, cb)
     sdpa = variants.attention_saved_per_token(arch, spec, cb)  # eager: + the s x s term
     # Megatron-core's fused bias-SwiGLU and Liger's / Unsloth's SwiGLU and GeGLU save only the
     # (gate, up) pair: 2 x i, not 3 x i
@@ -88,6 +88,19 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
         total += _lora_saved_bytes_per_token(arch, spec, cb) + \
             variants.dora_saved_per_token(arch, spec)
     return total
+
+
+def qk_norm_saved_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
+    """What one layer's q/k norms (Arch.qk_norm: Qwen3, Gemma 3, OLMo 2/3, Apertus...) save per
+    token: HF's RMSNorm keeps its fp32 input (4 B per q and k feature) and each row's rsqrt (a
+    row per head, or one for all of q and one for k: OLMo), and, when its weight trains, the
+    normalised value in the projection's dtype (cb). Measured on the CPU: tests/test_arch_plan.py."""
+    if arch.qk_norm == "none":
+        return 0
+    heads = arch.num_heads + arch.num_kv_heads
+    rows = 2 if arch.qk_norm == "full" else heads
+    full = spec.method.kind == "full"
+    return heads * arch.head_dim * (4 + (cb if full else 0)) + 4 * rows
 
 
 PYTHON_ACTIVATIONS = {"gelu_new": 3, "gelu_fast": 4, "quick_gelu": 1}

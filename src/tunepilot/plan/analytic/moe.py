@@ -177,7 +177,7 @@ def moe_notes(arch: Arch, spec: RunSpec, cb: int, sb: int) -> list[str]:
     if compute_bytes(arch, spec, cb, sb) > cb:
         notes.append(f"MoE: {impl} is not an autocast op - the experts compute in their fp32 "
                      "weights' dtype (twice the activation bytes, fp32 GEMMs)")
-    if routed_layer_bytes(arch, spec, cb, sb):
+    if impl == "eager" and routed_layer_bytes(arch, spec, cb, sb):
         notes.append("MoE: the eager loop saves a 16-bit cast of every expert's weights per "
                      "layer under autocast")
     if expert_parallel(spec) > 1 and spec.moe.capacity_factor is None:
