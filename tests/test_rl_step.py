@@ -165,3 +165,18 @@ def test_the_training_passes_read_the_policys_layout_and_generation_its_engines(
     assert tp.phases["policy update"].value == pytest.approx(
         dp.phases["policy update"].value * ratio, rel=1e-6)
     assert tp.phases["log-probs"].value > dp.phases["log-probs"].value
+
+
+def test_eager_generate_takes_the_longer_of_the_hosts_dispatch_and_the_devices_work():
+    """transformers' generate dispatches one forward's ops from Python per decode step: a small
+    batch is host-bound (ops x eager_op_host_s a step), however fast the card reads weights."""
+    from tunepilot.cost.launch import forward_kernels
+
+    spec = _spec(generation={"backend": "transformers"}, mean_completion_length=1024)
+    eng = engines(spec, ARCH, H100, 8)
+    g = generation(spec, ARCH, eng, completion_shape(spec), 0.4)
+    host = forward_kernels(ARCH, spec) * step_model().decode.eager_op_host_s
+    weights_read = 2 * 8.0e9 / (H100.hbm_bandwidth_bytes_per_s * step_model().decode.hbm_fraction)
+    assert host > weights_read  # an 8B's weights read faster than its ops are dispatched
+    assert g.decode_s == pytest.approx(g.longest * host, rel=0.05)
+    assert "eager ops" in g.how

@@ -18,8 +18,9 @@ at gpu_memory_utilization: (utilization x the cards' memory - the weights) / KV 
 Decode step of an engine with b completions at context x, per card of it:
     max(weights + b x x x KV bytes per token) / (HBM x hbm_fraction),
         2 x active parameters x b / (peak x MFU)) + the engine's fixed work per step
-    (vLLM: engine_step_s + 2 x layers x tp_allreduce_s when tensor parallel; transformers:
-    one eager forward's kernel launches, cost/launch.py)
+    (vLLM: engine_step_s + 2 x layers x tp_allreduce_s when tensor parallel); transformers'
+    eager generate: the longer of that and the host's dispatch of one forward's ops (their count,
+    cost/launch.py, x eager_op_host_s), the device running them as they come
 summed over the decode steps while the completions finish (b = n x P(L > t)). Prefill: 2 x active
 parameters per prompt token at the cell's forward MFU (vLLM computes a prompt once for its
 completions, prefix caching; transformers once per completion row).
@@ -165,18 +166,22 @@ def generation(spec, arch, eng: Engines, shape: CompletionShape, forward_mfu: fl
     kv = kv_bytes_per_token(arch)
     hbm = card.hbm_bandwidth_bytes_per_s * tp * d.hbm_fraction
     weights = weight_bytes(arch, spec)
-    if eng.backend == "transformers":
-        overhead = forward_kernels(arch, spec) * step_model().launch.per_launch_s
-        said = f"{forward_kernels(arch, spec):,} eager kernel launches"
+    eager = eng.backend == "transformers"
+    if eager:  # the host dispatches each op in turn; the device runs them as they come
+        host = forward_kernels(arch, spec) * d.eager_op_host_s
+        overhead = 0.0
+        said = (f"at least the host's {forward_kernels(arch, spec):,} eager ops x "
+                f"{d.eager_op_host_s * 1e6:.3g} us ({d.eager_kind}): {host * 1e3:.3g} ms a step")
     else:
+        host = 0.0
         overhead = (d.engine_step_s or 0.0) + (2 * arch.num_layers * (d.tp_allreduce_s or 0.0)
                                                if tp > 1 else 0.0)
-        said = f"the engine's {overhead * 1e3:.3g} ms per step ({d.engine_kind})"
+        said = f"+ the engine's {overhead * 1e3:.3g} ms per step ({d.engine_kind})"
 
     def step(b: float, context: float) -> float:
         mem = (weights + b * context * kv) / hbm
         flops = 2.0 * active * b / (peak * forward_mfu)
-        return max(mem, flops) + overhead
+        return max(mem, flops, host) + overhead
 
     n, held = eng.completions_each, min(eng.concurrent, eng.completions_each)
     longest = shape.longest(n * eng.count)  # the step waits for the longest of all
@@ -190,11 +195,12 @@ def generation(spec, arch, eng: Engines, shape: CompletionShape, forward_mfu: fl
         decode = bulk + _integral(lambda t: step(held * shape.survival(t), prompt + t), longest)
     unique = n if eng.backend == "transformers" else n / spec.objective.generations
     prefill = 2.0 * active * unique * prompt / (peak * forward_mfu)
-    return Generation(prefill + decode, prefill, decode, longest, bulk_steps + longest, overhead, (
+    return Generation(prefill + decode, prefill, decode, longest, bulk_steps + longest,
+                      overhead, (
         f"{eng.how}; {shape.how}; the longest of {n * eng.count:,.0f} runs {longest:,.0f} "
         f"decode steps, each the longer of reading {weights / tp / 1e9:,.2f} GB of weights + "
         f"the KV cache ({kv / 1e3:,.0f} kB/token) per card at {d.hbm_fraction:g} x "
-        f"{card.hbm_bandwidth_tbps:g} TB/s and the matmuls at MFU {forward_mfu:.2f}, + {said}: "
+        f"{card.hbm_bandwidth_tbps:g} TB/s and the matmuls at MFU {forward_mfu:.2f}, {said}: "
         f"{decode:,.1f} s" + (f" ({bulk:,.1f} s of it with the KV cache full and completions "
                                "queued)" if bulk else "")
         + f"; prefill {prefill:,.2f} s"))

@@ -50,6 +50,10 @@ class Decode(_Read):
     engine_kind: Kind
     engine_runs: list[str] = Field(default_factory=list)
     engine_source: str | None = None
+    eager_op_host_s: float = Field(gt=0)
+    """host seconds to dispatch one op of an eager PyTorch forward (transformers' generate)"""
+    eager_kind: Kind
+    eager_source: str
 
 
 class WeightSync(_Read):
