@@ -331,3 +331,17 @@ def test_an_expert_parallel_slice_holds_its_share_of_the_routed_experts():
     with pytest.raises(SpecError) as err:
         expert_slice(arch, 3)
     assert err.value.field == "parallel.expert"
+
+
+def test_plan_refuses_an_unknown_layout_naming_the_key_with_exit_2(tmp_path):
+    """The CLI: one paragraph naming model_type, exit 2, no traceback - never a Llama plan."""
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(BASE, model_type="jamba")))
+    (tmp_path / "spec.yaml").write_text("model: {config: config.json}\n")
+    proc = subprocess.run([sys.executable, "-m", "tunepilot", "plan", str(tmp_path / "spec.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "'model_type'" in proc.stderr and "jamba" in proc.stderr
+    assert "Traceback" not in proc.stderr

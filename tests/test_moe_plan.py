@@ -178,3 +178,37 @@ def test_flops_count_the_experts_a_token_is_computed_through():
     c = param_counts(scout)
     assert expert_pairs_per_token(scout, s) == 16
     assert flops_per_token(scout, s).trainable_matmul_params == c.total - c.embedding
+
+
+# --------------------------------------------------------------------------- expert parallel
+
+def _states(preset: str, **parallel):
+    from tunepilot.plan.analytic.core import analytic_plan
+
+    spec = spec_from_dict({"model": {"preset": preset}, "method": {"kind": "full"},
+                           "precision": "bf16-true", "sequence_length": 1024,
+                           "activation_checkpointing": "full", "parallel": parallel})
+    return analytic_plan(spec, Arch.from_config(load_preset(preset))).per_device
+
+
+def test_expert_parallel_holds_a_ranks_share_of_the_routed_experts():
+    counts = param_counts(Arch.from_config(load_preset("qwen3-30b-a3b")))
+    ddp = _states("qwen3-30b-a3b", strategy="ddp", devices=8, expert=8)
+    assert ddp.weights_bytes == 2 * (counts.total - counts.routed_experts
+                                     + counts.routed_experts // 8)
+    # FSDP spreads each expert over the ranks holding it: 1/(8/8) x 1/8 of the experts, the
+    # same states per rank as FSDP over 8 without expert parallel - and a smaller unsharded layer
+    fsdp = _states("qwen3-30b-a3b", strategy="fsdp", devices=8)
+    fsdp_ep = _states("qwen3-30b-a3b", strategy="fsdp", devices=8, expert=8)
+    assert abs(fsdp_ep.weights_bytes - fsdp.weights_bytes) <= 8
+    assert abs(fsdp_ep.optimizer_bytes - fsdp.optimizer_bytes) <= 16
+
+
+def test_expert_parallel_routes_the_busiest_ranks_share_through_the_all_to_all():
+    arch = Arch.from_config(load_preset("qwen3-30b-a3b"))
+    spec = spec_from_dict({"model": {"preset": "qwen3-30b-a3b"}, "moe": {"load_factor": 1.5},
+                           "parallel": {"strategy": "ddp", "devices": 8, "expert": 4}})
+    assert moe.pairs_per_token(arch, spec) == 12.0  # top-8 x 1.5 on the busiest rank
+    assert moe.routed_transient(arch, spec, 2, 4096) == 2 * 4096 * 12 * 2048 * 2
+    one = spec.with_changes(parallel={"strategy": "ddp", "devices": 8})
+    assert moe.pairs_per_token(arch, one) == 8.0 and moe.routed_transient(arch, one, 2, 4096) == 0

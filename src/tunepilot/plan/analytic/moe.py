@@ -156,6 +156,31 @@ def routed_transient(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
     return out
 
 
+def expert_fractions(arch: Arch, spec: RunSpec) -> tuple[float, float]:
+    """(the share of one rank's weights, the share of its trainable parameters) that are routed
+    experts - ``arch`` is the rank's expert-parallel slice (model/arch expert_slice)."""
+    from tunepilot.model.arch import lora_targets, param_counts
+
+    counts = param_counts(arch)
+    routed = counts.routed_experts / max(counts.total, 1)
+    if not spec.method.is_lora:
+        return routed, routed
+    r = spec.method.lora_rank or 1
+    sizes = {lin: f * r * (lin.in_features + lin.out_features) * lin.count_per_layer * lin.layers
+             for lin, f in lora_targets(arch, spec.method.lora_targets, vision=True).items()}
+    adapters = sum(sizes.values())
+    return routed, sum(n for lin, n in sizes.items() if lin.routed) / max(adapters, 1)
+
+
+def sharded_with_experts(total: int, expert_fraction: float, replicas: int, expert: int) -> int:
+    """One rank's share of ``total`` bytes of model states under a sharded strategy with expert
+    parallel: the routed experts' part (the rank's num_experts / expert of them) is sharded
+    over the replicas / expert ranks holding the same experts, the rest over all the replicas
+    (torchtitan's dp_shard_mod_ep mesh, Megatron-core's expert-data-parallel group)."""
+    experts = int(total * expert_fraction)
+    return (total - experts) // replicas + experts * expert // replicas
+
+
 def moe_notes(arch: Arch, spec: RunSpec, cb: int, sb: int) -> list[str]:
     """What the plan assumes about the routed experts, in words (none for a dense model)."""
     if not arch.is_moe:
@@ -174,6 +199,9 @@ def moe_notes(arch: Arch, spec: RunSpec, cb: int, sb: int) -> list[str]:
             " (dropless)" if spec.moe.capacity_factor is None else
             f" (padded to capacity factor {spec.moe.capacity_factor:g})")
     notes = [f"{head}; {how}"]
+    if arch.mtp_params:
+        notes.append(f"MoE: the checkpoint's multi-token-prediction module ({arch.mtp_params:,} "
+                     "parameters) is not built by transformers - not loaded, not planned")
     if compute_bytes(arch, spec, cb, sb) > cb:
         notes.append(f"MoE: {impl} is not an autocast op - the experts compute in their fp32 "
                      "weights' dtype (twice the activation bytes, fp32 GEMMs)")

@@ -136,7 +136,7 @@ def parallelize(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
     par = spec.parallel
     N = par.replicas
     if par.strategy == "fsdp":
-        return _fsdp(spec, s, counts, cb, N)
+        return _fsdp(spec, arch, s, counts, cb, N)
     if par.strategy == "deepspeed":
         return zero_states(spec, arch, s, counts, params)
     if par.strategy == "ddp" and N > 1:
@@ -146,10 +146,22 @@ def parallelize(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
     return s
 
 
-def _fsdp(spec: RunSpec, s: States, counts: ParamCounts, cb: int, N: int) -> States:
+def _fsdp(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, cb: int, N: int
+          ) -> States:
     par = spec.parallel
-    s.weights, s.master, s.grads, s.optim, s.optim_temp = (
-        x // N for x in (s.weights, s.master, s.grads, s.optim, s.optim_temp))
+    if par.expert > 1:  # the rank's experts shard over the N / expert ranks that hold them
+        from tunepilot.plan.analytic.moe import expert_fractions, sharded_with_experts
+
+        fw, ft = expert_fractions(arch, spec)
+        s.weights = sharded_with_experts(s.weights, fw, N, par.expert)
+        s.master, s.grads, s.optim, s.optim_temp = (sharded_with_experts(
+            x, ft, N, par.expert) for x in (s.master, s.grads, s.optim, s.optim_temp))
+        s.notes.append(f"expert parallel {par.expert} under FSDP: the routed experts a rank "
+                       f"holds are sharded over the {N // par.expert} ranks holding the same "
+                       f"ones (each expert 1/{N // par.expert}), the rest over all {N}")
+    else:
+        s.weights, s.master, s.grads, s.optim, s.optim_temp = (
+            x // N for x in (s.weights, s.master, s.grads, s.optim, s.optim_temp))
     root = counts.embedding + counts.lm_head
     if par.reshard_after_forward:
         s.unsharded = cb * (FSDP_UNSHARDED_LAYERS * counts.per_layer + root)
