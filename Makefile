@@ -1,13 +1,14 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - creates .venv, installs tunepilot (CPU torch), runs the staged pilot on the tiny model
 #   make test   - creates .venv, installs tunepilot + test tools, runs lint and the tests
+#   make floor  - the same model-building tests on pyproject's lowest torch/transformers/peft
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch, pinned for the test/CI set-up only (the package itself does not pin torch).
 TORCH_CPU := torch==2.13.0
 
-.PHONY: venv skyvenv browser demo test lint bench clean
+.PHONY: venv skyvenv browser demo test floor lint bench clean
 
 $(BIN)/tunepilot: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,8 +41,28 @@ test: venv browser skyvenv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
+# The floors: pyproject's lowest torch, transformers and peft (scripts/floors.py reads them) in
+# a venv of their own, and the tests that build models and run every objective's step on them.
+FLOOR := .venv-floor
+FLOOR_TESTS := tests/test_floors.py tests/test_kto_reward.py tests/test_scale_objectives.py \
+	tests/test_objective_steps.py::test_dpo_loss_starts_at_its_reference_value_and_trains \
+	tests/test_objective_steps.py::test_reference_free_pair_losses_run_without_a_reference \
+	tests/test_objective_steps.py::test_a_full_dpo_run_builds_a_frozen_reference_copy \
+	tests/test_objective_steps.py::test_grpo_step_generates_then_updates_the_policy
+$(FLOOR)/bin/tunepilot: pyproject.toml scripts/floors.py
+	$(PY) -m venv $(FLOOR)
+	$(FLOOR)/bin/python -m pip install -q --upgrade pip
+	$(PY) scripts/floors.py | tr ' ' '\n' > $(FLOOR)/floors.txt
+	$(FLOOR)/bin/python -m pip install -q -c $(FLOOR)/floors.txt -r $(FLOOR)/floors.txt
+	$(FLOOR)/bin/python -m pip install -q -c $(FLOOR)/floors.txt -e ".[torch,dev]"
+	@touch $@
+
+floor: $(FLOOR)/bin/tunepilot
+	TUNEPILOT_FLOORS=$(FLOOR)/floors.txt $(FLOOR)/bin/python -m pytest -q -m "not slow" \
+		-p no:cacheprovider $(FLOOR_TESTS)
+
 bench: venv
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(SKY) runs
+	rm -rf $(VENV) $(SKY) $(FLOOR) runs

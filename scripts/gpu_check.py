@@ -1,9 +1,18 @@
 """Every GPU check tunepilot has, in one run, into one JSON of figures (scripts/gpu_check.sh).
 
+The one GPU check (the default, under 9 minutes on one H100 or H200): env, run-8b, liger, fp8,
+dpo - in that order. Every section below runs with --only (or --only all).
+
 Sections (each a child process with its own time limit, so one failure or hang does not cost the
 others; the JSON is rewritten after each, so a run cut short keeps what it measured):
   env       torch/CUDA/driver, tunepilot's device probe and catalog match, the NVML sampler
             against a known allocation, a bf16 and an fp8 matmul and a copy timed by CUDA events
+  run-8b    the README's example end to end: `tunepilot run examples/llama3-8b-lora.yaml --card
+            CARD --count 1 --hours 72` (plan, pilot, restore proof, quote: decision.json)
+  liger     `tunepilot pilot` of a Llama-3.2-1B full fine-tune whose spec names Liger's kernels
+            (what ran, or which stand-in, is in pilot.json's notes)
+  fp8       `tunepilot pilot` of a Llama-3.2-3B full fine-tune at precision fp8-tensorwise
+            (torchao's recipe; the stand-in and what it leaves unmeasured are in pilot.json)
   pilot-1b  `tunepilot pilot` of a Llama-3.2-1B full fine-tune (bf16-mixed, 2 x 2048)
   pilot-8b  `tunepilot pilot` of a Llama-3-8B LoRA r16 q,v (bf16-mixed, 2 x 4096, accumulation 2)
   hf        HF Trainer + TunepilotCallback, Llama-3.2-1B full bf16 (scripts/gpu_check_hf.py)
@@ -60,6 +69,18 @@ QLORA_1B = {"name": "gpu-1b-qlora", "model": {"preset": "llama-3.2-1b"},
             "optimizer": {"name": "adamw", "lr": 2.0e-4}, "precision": "bf16-mixed",
             "sequence_length": 2048, "micro_batch_size": 4, "gradient_accumulation_steps": 1,
             "data": {"source": "synthetic"}, "validation": {"num_batches": 3}}
+# Liger's four kernels on a 1B full fine-tune (the plan's liger rows)
+LIGER_1B = dict(PILOT_1B, name="gpu-1b-liger", kernels={"liger": ["rms_norm", "swiglu", "rope",
+                                                                   "fused_linear_cross_entropy"]})
+# torchao's tensorwise FP8 recipe on a 3B full fine-tune, checkpointed (a size where FP8's
+# matmuls are a visible share of the step)
+FP8_3B = {"name": "gpu-3b-fp8", "model": {"preset": "llama-3.2-3b"}, "method": {"kind": "full"},
+          "optimizer": {"name": "adamw", "lr": 1.0e-5}, "precision": "fp8-tensorwise",
+          "sequence_length": 2048, "micro_batch_size": 2, "activation_checkpointing": "full",
+          "data": {"source": "synthetic"}, "validation": {"num_batches": 2}}
+RUN_8B = "examples/llama3-8b-lora.yaml"  # the README's example
+DEFAULT = ("env", "run-8b", "liger", "fp8", "dpo")
+SMOKE_SLACK = 3
 TINY = {"name": "cpu-smoke-tiny", "model": {"preset": "tiny"}, "method": {"kind": "full"},
         "optimizer": {"name": "adamw", "lr": 1.0e-3}, "precision": "fp32",
         "sequence_length": 64, "micro_batch_size": 2, "data": {"source": "synthetic"},
@@ -148,7 +169,8 @@ class Check:
         left = self.deadline - time.monotonic()
         if left < 15:
             return {"status": "skipped", "why": f"the budget was spent ({left:.0f} s left)"}
-        limit = min(limit_s, left)
+        # a section's limit is a GPU's; the CPU smoke run on a shared runner gets three times it
+        limit = min(limit_s * (SMOKE_SLACK if self.smoke else 1), left)
         self.log.write(f"\n===== {name}: {' '.join(cmd)} (limit {limit:.0f} s)\n")
         self.log.flush()
         t0 = time.monotonic()
@@ -236,6 +258,18 @@ class Check:
             r["figures"] = {"preflight": d.get("preflight"), "baseline": d.get("baseline")}
         return r
 
+    def section_run(self, spec: str, card: str | None) -> dict:
+        """`tunepilot run` end to end on this device: every gate and the decision."""
+        out = self.work / "run-8b"
+        args = ["run", spec, "--out", str(out), "--json"] + (
+            ["--card", card, "--count", "1", "--hours", "72"] if card else [])
+        r = self.run("run-8b", self.tunepilot(*args), 330)
+        d = out / "decision.json"
+        r["figures"] = {"decision": json.loads(d.read_text()) if d.exists() else None,
+                        **{stage: _pilot_figures(out / f"{stage}.json")
+                           for stage in ("pilot", "restore", "quote")}}
+        return r
+
     def section_lightning(self) -> dict:
         out = self.work / "lightning"
         r = self.run("lightning", [self.python, "examples/own-loop/lightning_train.py", "--out",
@@ -243,6 +277,14 @@ class Check:
                                    "cpu" if self.smoke else "gpu"], 90)
         r["figures"] = _pilot_figures(out / "pilot.json")
         return r
+
+
+def _card_here() -> str | None:
+    """The catalog card this GPU is (the quote of `run` is for it), or None."""
+    from tunepilot.catalog import load_catalog
+    from tunepilot.device import probe_device
+
+    return probe_device(load_catalog()).card_id
 
 
 def _tagged_json(text: str, tag: str):
@@ -284,8 +326,9 @@ def _plan_figures(plan: dict | None) -> dict | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-s", type=float, default=470.0)
-    ap.add_argument("--only", default=None, help="comma-separated section names")
+    ap.add_argument("--budget-s", type=float, default=520.0)
+    ap.add_argument("--only", default=None, help="comma-separated section names, or all "
+                    f"(default: {','.join(DEFAULT)})")
     ap.add_argument("--cpu-smoke", action="store_true")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -297,8 +340,17 @@ def main() -> int:
         return 0
     c = Check(a.out, a.budget_s, sys.executable, a.cpu_smoke)
     smoke = a.cpu_smoke
+    tiny = dict(TINY, sequence_length=64)
     sections = {
         "env": c.section_env,
+        "run-8b": lambda: c.section_run("examples/tiny.yaml" if smoke else RUN_8B,
+                                        None if smoke else _card_here()),
+        "liger": lambda: c.section_pilot("liger", dict(tiny, name="cpu-smoke-liger",
+                                                       kernels=LIGER_1B["kernels"])
+                                         if smoke else LIGER_1B, 6, 90),
+        "fp8": lambda: c.section_pilot("fp8", dict(tiny, name="cpu-smoke-fp8",
+                                                   precision="fp8-tensorwise")
+                                       if smoke else FP8_3B, 6, 110),
         "trace": c.section_trace,
         "pilot-1b": lambda: c.section_pilot("pilot-1b", TINY if smoke else PILOT_1B, 8, 110),
         "pilot-8b": lambda: c.section_pilot("pilot-8b", TINY if smoke else PILOT_8B, 6, 120),
@@ -312,7 +364,8 @@ def main() -> int:
         "scale": c.section_scale,
         "lightning": c.section_lightning,
     }
-    order = a.only.split(",") if a.only else list(sections)  # --only runs in the order given
+    order = (list(sections) if a.only == "all" else a.only.split(",") if a.only
+             else list(DEFAULT))  # --only runs in the order given
     unknown = [n for n in order if n not in sections]
     if unknown:
         print(f"unknown section(s) {unknown}: choose from {list(sections)}")
