@@ -13,6 +13,9 @@ others; the JSON is rewritten after each, so a run cut short keeps what it measu
             (what ran, or which stand-in, is in pilot.json's notes)
   fp8       `tunepilot pilot` of a Llama-3.2-3B full fine-tune at precision fp8-tensorwise
             (torchao's recipe; the stand-in and what it leaves unmeasured are in pilot.json)
+  sharded   `tunepilot restore` of a Llama-3.2-1B FSDP spec on 1 rank: the meta-device build
+            materialised one unit at a time, FSDP2 on NCCL, a sharded DCP save and load on CUDA
+            (until the sharded pilot lands, the one 1-rank sharded run tunepilot has)
   pilot-1b  `tunepilot pilot` of a Llama-3.2-1B full fine-tune (bf16-mixed, 2 x 2048)
   pilot-8b  `tunepilot pilot` of a Llama-3-8B LoRA r16 q,v (bf16-mixed, 2 x 4096, accumulation 2)
   hf        HF Trainer + TunepilotCallback, Llama-3.2-1B full bf16 (scripts/gpu_check_hf.py)
@@ -79,6 +82,8 @@ FP8_3B = {"name": "gpu-3b-fp8", "model": {"preset": "llama-3.2-3b"}, "method": {
           "sequence_length": 2048, "micro_batch_size": 2, "activation_checkpointing": "full",
           "data": {"source": "synthetic"}, "validation": {"num_batches": 2}}
 RUN_8B = "examples/llama3-8b-lora.yaml"  # the README's example
+FSDP_1B = dict(PILOT_1B, name="gpu-1b-fsdp1rank", sequence_length=1024,
+               parallel={"strategy": "fsdp", "devices": 1})
 DEFAULT = ("env", "run-8b", "liger", "fp8", "dpo")
 SMOKE_SLACK = 3
 TINY = {"name": "cpu-smoke-tiny", "model": {"preset": "tiny"}, "method": {"kind": "full"},
@@ -270,6 +275,19 @@ class Check:
                            for stage in ("pilot", "restore", "quote")}}
         return r
 
+    def section_sharded(self, spec: dict) -> dict:
+        """The 1-rank sharded run: restore --nproc 1 of an FSDP spec (meta-device build)."""
+        import yaml
+
+        spec_path = self.work / "sharded.yaml"
+        spec_path.write_text(yaml.safe_dump(spec))
+        out = self.work / "sharded"
+        r = self.run("sharded", self.tunepilot("restore", str(spec_path), "--nproc", "1",
+                                               "--steps-before", "2", "--steps-after", "2",
+                                               "--out", str(out), "--json"), 150)
+        r["figures"] = _pilot_figures(out / "restore.json")
+        return r
+
     def section_lightning(self) -> dict:
         out = self.work / "lightning"
         r = self.run("lightning", [self.python, "examples/own-loop/lightning_train.py", "--out",
@@ -361,6 +379,9 @@ def main() -> int:
                                                    micro_batch_size=4) if smoke else DPO_1B,
                                        6, 100),
         "qlora": lambda: c.section_pilot("qlora", TINY if smoke else QLORA_1B, 6, 100),
+        "sharded": lambda: c.section_sharded(dict(tiny, name="cpu-smoke-fsdp1rank",
+                                                  parallel={"strategy": "fsdp", "devices": 1})
+                                             if smoke else FSDP_1B),
         "scale": c.section_scale,
         "lightning": c.section_lightning,
     }

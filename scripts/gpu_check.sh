@@ -6,7 +6,7 @@
 #   liger   a pilot of a spec that names Liger's kernels (1B full)
 #   fp8     a pilot of a torchao FP8 spec (3B full, fp8-tensorwise)
 #   dpo     a pilot of a LoRA DPO spec (1B, the shipped preference pairs)
-# ONLY=all adds the older sections (trace, pilot-1b, pilot-8b, hf, hf-liger, qlora, scale,
+# ONLY=all adds the older sections (trace, pilot-1b, pilot-8b, hf, hf-liger, qlora, sharded, scale,
 # lightning; see scripts/gpu_check.py); ONLY=env,fp8 runs some, in that order.
 # Without CUDA it prints SKIP and exits 0. Packages the machine lacks can travel as wheels in
 # .whl/ (installed into /tmp/site, never into the machine's Python).
