@@ -109,7 +109,8 @@ def test_preference_and_rl_objectives_scale_under_ddp_and_fsdp(example, tmp_path
         assert r.samples_checked == 2 * (spec.batch.global_samples //
                                          (spec.objective.generations if
                                           spec.objective.generative else 1))
-    assert result.recommendation.strategy is not None
+    rec = result.recommendation  # a loaded machine may make it inconclusive (noise), never
+    assert rec.strategy is not None or rec.inconclusive, rec.reason  # "no strategy passed"
 
 
 def _variant(example: str, tmp_path: Path, **changes) -> Path:
