@@ -1,5 +1,6 @@
-"""The lowest version pyproject.toml allows of each package it names a floor for in the [torch]
-extra, as pip requirements pinned to that floor (`torch==2.13 transformers==4.56.0 ...`): what
+"""The lowest version pyproject.toml states of torch ([tool.tunepilot] torch-floor), transformers
+and peft (the [torch] extra), as pip requirements pinned to that floor
+(`torch==2.13 transformers==4.56.0 ...`): what
 `make floor` installs, so the floors CI tests are the ones pyproject states.
 
     python scripts/floors.py            # prints the pins, space-separated
@@ -18,9 +19,11 @@ FLOORED = ("torch", "transformers", "peft")
 
 
 def floors(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
-    """package -> the version after its '>=' in the [torch] extra."""
-    extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["torch"]
-    out = {}
+    """package -> the version after its '>=' in the [torch] extra; torch's from [tool.tunepilot]
+    torch-floor (torch is no requirement: the user's own build must keep working)."""
+    doc = tomllib.loads(pyproject.read_text())
+    extra = doc["project"]["optional-dependencies"]["torch"]
+    out = {"torch": doc["tool"]["tunepilot"]["torch-floor"]}
     for req in extra:
         m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)\s*(,.*)?", req)
         if m and m.group(1).lower() in FLOORED:

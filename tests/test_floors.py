@@ -39,6 +39,21 @@ def test_launch_installs_the_same_torch_floor():
     assert _v(TORCH_FLOOR) == _v(floors()["torch"])
 
 
+def test_torch_is_no_requirement_and_an_older_one_is_said_not_refused():
+    """A torch requirement, even a floor, would have pip replace a GPU user's own build."""
+    import tomllib
+
+    from tunepilot.device import torch_floor_note
+
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = doc["dependencies"] + [r for extra in doc["optional-dependencies"].values()
+                                  for r in extra]
+    assert not [r for r in reqs if r.split(">")[0].split("=")[0].strip().lower() == "torch"]
+    assert torch_floor_note("2.12.1+cu128") and "older than" in torch_floor_note("2.12.1+cu128")
+    assert torch_floor_note(floors()["torch"] + ".0") is None
+    assert torch_floor_note("2.14.0+rocm7.0") is None
+
+
 def test_the_floor_job_runs_on_the_floors():
     pins = os.environ.get("TUNEPILOT_FLOORS")
     if not pins:

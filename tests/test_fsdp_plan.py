@@ -47,7 +47,7 @@ def test_litgpt_keeps_every_chunk_of_its_loss_and_tunepilots_chunked_loss_does_n
     lit = spec_from_dict({**BASE, "method": {"kind": "lora"}, "micro_batch_size": 4,
                           "model": {"preset": "llama-2-7b", "implementation": "litgpt"}})
     chunked = lit.with_changes(model={"preset": "llama-2-7b"}, chunked_loss=True)
-    tokens = lit.tokens_per_micro_batch
+    tokens = lit.batch.positions_per_micro_batch
     kept, _ = logits_bytes(a, lit, 2, tokens)
     assert lit.litgpt_loss and not lit.loss_is_chunked
     assert kept == (2 + 2) * a.vocab_size * tokens  # bf16 logits + bf16 log-softmax, all tokens

@@ -115,6 +115,23 @@ def _split_words(name: str) -> list[str]:
 
 # --- probing -----------------------------------------------------------------------------------
 
+TORCH_FLOOR = "2.13"
+"""The oldest torch tunepilot is tested on (pyproject's [tool.tunepilot] torch-floor; CI's floor
+job runs on it). Not a requirement - the user's own CUDA/ROCm build must keep working - so an older
+one is said in the pilot's notes, not refused."""
+
+
+def torch_floor_note(version: str) -> str | None:
+    """A note when ``version`` (torch.__version__) is older than TORCH_FLOOR."""
+    def parts(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split("+")[0].split(".")[:2] if x.isdigit())
+
+    if parts(version) >= parts(TORCH_FLOOR):
+        return None
+    return (f"torch {version} is older than {TORCH_FLOOR}, the oldest tunepilot is tested on: "
+            "the pilot may fail or differ; upgrade torch if it does")
+
+
 
 def probe_device(catalog: Catalog | None = None, needs: list[str] | None = None,
                  device: str | None = None) -> DeviceInfo:
@@ -129,6 +146,9 @@ def probe_device(catalog: Catalog | None = None, needs: list[str] | None = None,
         info = _probe_cpu(torch)
         if torch.cuda.is_available():
             info.notes.append("the CPU was chosen although a GPU is present")
+    floor = torch_floor_note(torch.__version__)
+    if floor:
+        info.notes.append(floor)
     if "bitsandbytes" in needs and (importlib.util.find_spec("bitsandbytes") is None):
         info.missing.append("bitsandbytes is not installed (needed by the spec: QLoRA / 8-bit "
                             "or paged optimizers)")

@@ -27,12 +27,10 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunepilot.device import TORCH_FLOOR  # noqa: F401 - the launch scripts install at least it
 from tunepilot.errors import UserError
 
 EXTRAS = "[torch,gpu]"
-TORCH_FLOOR = "2.13"
-"""the lowest torch tunepilot runs on (pyproject's [torch] extra says the same; the CI's floor
-job runs on it)"""
 TEARDOWNS = ("down", "stop")
 INDEX_INSTALL = f'pip install "tunepilot{EXTRAS}"'  # only where tunepilot is on the index
 RDZV_PORT = 29400
