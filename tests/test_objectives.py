@@ -280,10 +280,15 @@ def test_a_vllm_servers_cards_are_billed_on_demand_and_on_spot():
     spec = import_config(CONFIGS / "axolotl-grpo.yml", options=SYNTH).spec
     q = quote(spec, card_id="h100", count=2, term_s=None)
     card = load_catalog().get("h100")
-    job_s = sum(t.total.value for t in q.time_terms)
-    billed_s = math.ceil(job_s / card.pricing.billing_increment_s) * \
-        card.pricing.billing_increment_s
+    job_s = sum(t.total.value for t in q.time_terms)  # on demand: the quote's own terms
+    spot_s = q.spot.work_s.value  # on spot: the same job with the spot term's own checkpoints
+
+    def billed(s: float) -> int:
+        step = card.pricing.billing_increment_s
+        return math.ceil(math.ceil(s) / step) * step
+
     assert q.term.count == 4 and q.spot.cards == 4
-    for rate, cents in ((card.pricing.spot_usd_per_hour, q.spot.naive_cost_cents),
-                        (card.pricing.on_demand_usd_per_hour, q.spot.on_demand_cost_cents)):
-        assert cents == round(4 * billed_s * rate * 100 / 3600)
+    for rate, s, cents in ((card.pricing.spot_usd_per_hour, spot_s, q.spot.naive_cost_cents),
+                           (card.pricing.on_demand_usd_per_hour, job_s,
+                            q.spot.on_demand_cost_cents)):
+        assert cents == round(4 * billed(s) * rate * 100 / 3600)
