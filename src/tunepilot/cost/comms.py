@@ -165,7 +165,8 @@ def step_terms(spec, arch, card, count: int, strategy: str, compute_s: float, pa
     tensor/context parallel, CPU offload."""
     nodes = max(1, -(-count // GPUS_PER_NODE))
     p = spec.precision
-    weights = params.total * (1 if p.is_fp8 and p == "fp8-tensorwise" else p.compute_bytes)
+    fp8_gather = p.fp8_recipe is not None and p.fp8_recipe.all_gather_fp8  # 1 B per weight
+    weights = params.total * (1 if fp8_gather else p.compute_bytes)
     grads = params.trainable * (4 if p.mixed else p.compute_bytes)
     parts = [fabric_penalty_s(spec, arch, card, strategy, count, nodes, compute_s, weights,
                               grads)]
