@@ -11,7 +11,7 @@ bytecode already compiled (any run after the first, or an install that compiled 
 private bytecode cache (PYTHONPYCACHEPREFIX), so nothing is written into the source tree and an
 environment with PYTHONDONTWRITEBYTECODE=1 is measured as a user's would be. Cold (plan only): an
 empty cache every run, the first run after `pip install -e .` or a fresh clone. The README
-quotes these figures; ``--check-readme`` says whether its words still hold.
+quotes these figures; ``--check-readme`` says whether its words still hold (exit 1 when not).
 
 Run:  .venv/bin/python benchmarks/plan_speed.py [--runs N] [--json] [--check-readme]
 """
@@ -101,9 +101,9 @@ def in_process_ms(repeats: int = 7) -> tuple[list[float], int]:
     make_plan(spec, catalog=catalog)  # warm caches (preset and runtime files)
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = time.process_time()
         plan = make_plan(spec, catalog=catalog)
-        times.append((time.perf_counter() - t) * 1000)
+        times.append((time.process_time() - t) * 1000)
     return times, len(plan.cards)
 
 
@@ -126,14 +126,15 @@ def figures(runs: int) -> dict:
     out["in_process_plan_ms"] = {"median": round(statistics.median(times), 1),
                                  "max": round(max(times), 1), "unit": "ms", "basis": "measured",
                                  "what": f"analytic plan, llama-3.1-70b full FSDPx8, {cards} cards "
-                                         "with fit table (target <= 500 ms)"}
+                                         "with fit table, CPU in-process (target <= 500 ms)"}
     return out
 
 
 def readme_claims() -> tuple[float, float]:
-    """The README's words: warm CPU s of `plan`, and cold."""
+    """The README's words: `plan`'s warm CPU as a ratio to `python -c pass` (the figure that
+    travels between machines and loads), and its cold CPU seconds."""
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    warm = re.search(r"takes about ([\d.]+) s of CPU including start-up", text)
+    warm = re.search(r"about ([\d.]+) x `python -c pass` on the same machine", text)
     cold = re.search(r"and about ([\d.]+) s on the first run after an install", text)
     if warm is None or cold is None:
         raise SystemExit("README.md no longer states the plan's start-up in the words this "
@@ -161,11 +162,12 @@ def main() -> None:
         print(f"  {ip['what']}: median {ip['median']:.1f} ms (max {ip['max']:.1f})")
     if "--check-readme" in sys.argv:
         warm_claim, cold_claim = readme_claims()
-        warm = f["commands"]["tunepilot plan examples/tiny.yaml --json"]["median_cpu_s"]
+        warm = f["commands"]["tunepilot plan examples/tiny.yaml --json"]["ratio_to_python"]
         cold = f["plan_cold_cpu_s"]["median"]
-        ok = warm <= warm_claim * 1.25 and cold <= cold_claim * 1.25
-        print(f"README says plan takes about {warm_claim} s warm and {cold_claim} s cold; "
-              f"measured {warm:.2f} s and {cold:.2f} s: {'holds' if ok else 'UPDATE THE README'}")
+        ok = warm <= warm_claim * 1.3 and cold <= cold_claim * 1.3
+        print(f"README says plan takes about {warm_claim} x python -c pass warm and {cold_claim} "
+              f"s cold; measured x{warm} and {cold:.2f} s: "
+              f"{'holds' if ok else 'UPDATE THE README'}")
         if not ok:
             sys.exit(1)
 

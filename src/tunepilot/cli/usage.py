@@ -136,6 +136,13 @@ def usage_error(exc: Exception) -> UserError:
 
 
 def _path(ctx: Any) -> str:
+    """'tunepilot plan': the command the error is about (from the command line when click
+    raised it before making the command's context)."""
+    if ctx is None:
+        import sys
+
+        name = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+        return f"tunepilot {name}" if name in (*STAGES, *TOOLS) else "tunepilot"
     names = []
     while ctx is not None and ctx.parent is not None:
         names.insert(0, ctx.info_name)
