@@ -177,6 +177,7 @@ def peft_trainable(cfg: dict, **lora_kwargs) -> int:
     return trainable(cfg, LORA_RANK, **lora_kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("targets", [["q_proj", "v_proj"], "all-linear"], ids=["q_v", "all_linear"])
 @pytest.mark.parametrize("name", LORA_PRESETS)
 def test_lora_count_matches_peft(name, targets):
@@ -188,6 +189,7 @@ def test_lora_count_matches_peft(name, targets):
     assert lora_param_count(arch, targets, LORA_RANK) == expected
 
 
+@pytest.mark.slow
 def test_lora_on_fused_moe_experts_matches_peft_target_parameters():
     if installed_moe_layout() != "fused":
         pytest.skip("transformers < 5 keeps one nn.Linear per expert")
@@ -199,6 +201,7 @@ def test_lora_on_fused_moe_experts_matches_peft_target_parameters():
     assert lora_param_count(arch, ["gate_up_proj", "down_proj"], LORA_RANK) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("targets", [["w1", "w3"], ["w2", "gate"], ["q_proj", "w1", "w2", "w3"]])
 def test_lora_with_transformers4_moe_names_matches_peft_translation(targets):
     if installed_moe_layout() != "fused":

@@ -74,6 +74,7 @@ NAMED = {
 }
 
 
+@pytest.mark.slow
 def test_apertus_counts_exactly_non_gated_xielu_and_qk_norms():
     arch = assert_counts_like_transformers(fixture("Apertus-8B"))
     assert param_counts(arch).total == NAMED["Apertus-8B"][0]  # was 10.95B planned as Llama

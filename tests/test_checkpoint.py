@@ -61,6 +61,7 @@ def _copy(saved, tmp_path) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_round_trip_resumes_bit_identically(saved):
     path, info, after = saved
     assert info.bytes == sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -126,6 +127,7 @@ def test_damage_is_named_by_file_and_component_and_nothing_loads(saved, tmp_path
                                    for k, v in state.model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_large_shards_are_hashed_first_then_read_into_the_live_tensors(saved, tmp_path,
                                                                      monkeypatch):
     """Shards above STAGE_MAX_FILE_BYTES are not staged: hashed, then read in place. Damage is
@@ -164,6 +166,7 @@ def test_large_shards_are_hashed_first_then_read_into_the_live_tensors(saved, tm
         load_checkpoint(path, state, stream, TINY)
 
 
+@pytest.mark.slow
 def test_an_async_save_holds_the_step_it_was_taken_at(tmp_path):
     from tunepilot.checkpoint.async_save import save_checkpoint_async
 
@@ -179,6 +182,7 @@ def test_an_async_save_holds_the_step_it_was_taken_at(tmp_path):
     assert again.result(timeout=60).step == 6
 
 
+@pytest.mark.slow
 def test_a_failed_async_save_raises_on_result_and_keeps_the_previous(tmp_path, monkeypatch):
     from tunepilot.checkpoint import state as st
     from tunepilot.checkpoint.async_save import save_checkpoint_async
@@ -210,6 +214,7 @@ def test_a_damaged_manifest_is_named(saved, tmp_path):
         load_checkpoint(path, *_build(TINY, 8, None, "cpu"), TINY)
 
 
+@pytest.mark.slow
 def test_lora_saves_the_adapter_only_with_a_base_reference(tmp_path):
     state, stream = _trained(LORA)
     info = save_checkpoint(tmp_path / "lora", state, stream, LORA)
@@ -235,6 +240,7 @@ def test_lora_saves_the_adapter_only_with_a_base_reference(tmp_path):
     assert exc.value.component == "model"
 
 
+@pytest.mark.slow
 def test_fp16_grad_scaler_state_round_trips(tmp_path):
     spec = TINY.with_changes(precision="fp16-mixed")
     state, stream = _trained(spec, steps=2)
@@ -262,6 +268,7 @@ def test_every_rng_stream_round_trips():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expect
 
 
+@pytest.mark.slow
 def test_a_save_right_after_a_restore_keeps_the_data_position(saved, tmp_path):
     """torchdata's sampler reports position 0 until a batch is drawn after a load; a checkpoint
     written then must still resume where the run was (regression)."""
@@ -274,6 +281,7 @@ def test_a_save_right_after_a_restore_keeps_the_data_position(saved, tmp_path):
     assert _bits(_train(third, third_stream, TINY, 3)) == _bits(after)
 
 
+@pytest.mark.slow
 def test_overwriting_replaces_atomically_and_a_failed_save_keeps_the_old(saved, tmp_path,
                                                                          monkeypatch):
     path = _copy(saved, tmp_path)
@@ -332,6 +340,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     script = tmp_path / "saver.py"
     script.write_text(CHILD)

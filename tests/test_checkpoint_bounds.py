@@ -114,6 +114,7 @@ def test_a_scheduler_state_that_is_not_one_is_not_resumable(run_dir):
     assert code == 1 and json.loads(out)["resumable"] is False
 
 
+@pytest.mark.slow
 def test_a_scheduler_state_of_the_right_shape_is_loaded_into_a_scheduler(run_dir):
     """Shape passes the no-torch check; the fresh process loads it into a real LambdaLR."""
     ckpt = run_dir / CKPT
@@ -169,6 +170,7 @@ def test_an_export_into_the_run_directory_is_refused(run_dir):
     export_run(run_dir, str(run_dir.parent / "dest"))
 
 
+@pytest.mark.slow
 def test_verify_says_the_digests_are_not_a_signature(run_dir):
     code, out, _ = run_cli("verify", run_dir / CKPT, "--json")
     assert code == 0

@@ -306,6 +306,7 @@ def test_another_card_is_projected_by_the_flops_and_bandwidth_ratios(tmp_path):
     assert q.job_s.basis == PROJECTED
 
 
+@pytest.mark.slow
 def test_scale_json_gives_measured_multi_card_throughput(tmp_path):
     run = write_run_dir(tmp_path / "run", TINY, "h100-sxm-80gb", scale={"strategies": {
         "ddp": {"nproc": 2, "efficiency": 0.9, "useful_tokens_per_s": 90_000.0}}})
@@ -395,6 +396,7 @@ def test_an_hourly_option_line_says_what_it_charges():
     assert line.amount_cents == 50
 
 
+@pytest.mark.slow
 def test_every_shipped_example_fits_the_count_it_names_on_some_card():
     from pathlib import Path
 

@@ -99,6 +99,7 @@ def test_a_run_dir_of_another_spec_is_refused_before_saving(cli, db, tmp_path):
     assert not db.exists()
 
 
+@pytest.mark.slow
 def test_bad_input_against_an_existing_ledger_changes_nothing(cli, db):
     assert cli("book", "--card", "h200", "--count", "1", "--start", FUTURE, "--hours", "2")[0] == 0
     before = db.read_bytes()
@@ -109,6 +110,7 @@ def test_bad_input_against_an_existing_ledger_changes_nothing(cli, db):
     assert db.read_bytes() == before and bookings_in(db) == 1
 
 
+@pytest.mark.slow
 def test_no_traceback_from_a_real_process(db):
     env = {**os.environ, L.DB_ENV: str(db)}
     proc = subprocess.run([sys.executable, "-m", "tunepilot.cli", "book", "--card", "h2000",
@@ -126,6 +128,7 @@ def test_help_of_every_command_shows_an_example(cli):
         assert code == 0 and "Example: tunepilot " + command in out and "--json" in out
 
 
+@pytest.mark.slow
 def test_compare_ranks_the_8b_lora_with_projected_figures(cli):
     code, out, _ = cli("compare", LORA)
     assert code == 0 and "projected" in out

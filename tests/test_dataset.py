@@ -37,6 +37,7 @@ def _prompt_completion(rows: list[dict]) -> list[dict]:
             for r in rows]
 
 
+@pytest.mark.slow
 def test_chat_jsonl_and_the_same_data_as_parquet_arrow_and_disk_supervise_the_same(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.ipc as ipc
@@ -63,6 +64,7 @@ def test_chat_jsonl_and_the_same_data_as_parquet_arrow_and_disk_supervise_the_sa
     assert counts["chat jsonl"][0] == len(SINGLE_TURN)
 
 
+@pytest.mark.slow
 def test_completions_only_trains_the_assistant_turns_and_less_than_all():
     comp = _spec({"source": "tiny-chat"})
     every = _spec({"source": "tiny-chat", "train_on": "all"})
@@ -187,6 +189,7 @@ def test_bad_rows_are_skipped_and_counted_only_when_asked(tmp_path):
     assert any("2 rows were skipped" in n for n in info.notes)
 
 
+@pytest.mark.slow
 def test_an_empty_file_and_a_corrupt_parquet_file_exit_2_without_a_traceback(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

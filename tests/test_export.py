@@ -57,6 +57,7 @@ def _local_files(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): _sha(p) for p in root.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_export_verifies_every_file_and_resumes(run_dir, tmp_path):
     dest = tmp_path / "dest"
     first = export_run(run_dir, str(dest))
@@ -93,6 +94,7 @@ def test_export_verifies_every_file_and_resumes(run_dir, tmp_path):
     assert _sha(dest / flipped) == _sha(run_dir / flipped)
 
 
+@pytest.mark.slow
 def test_export_to_an_fsspec_url(run_dir):
     url = "memory://tunepilot-test/run"
     result = export_run(run_dir, url)
@@ -159,6 +161,7 @@ def _tree(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_a_full_destination_stops_with_a_message_and_the_run_is_untouched(run_dir, tmp_path):
     import sys
 

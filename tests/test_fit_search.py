@@ -29,13 +29,14 @@ def test_an_imported_dpo_spec_with_a_long_prompt_gets_its_max_seq_len_not_0():
                          options=ImportOptions(synthetic_data=True)).spec
     assert spec.objective.max_prompt_length == 1024 and spec.sequence_length == 2048
     assert _shortest_valid_sequence(spec) == 1025
-    for row in make_plan(spec).cards:
+    plan = make_plan(spec)
+    for row in plan.cards:
         assert row.fits and row.headroom_fraction > 0.5
         assert row.max_sequence_length > 2048, row
-        longer = spec.with_changes(sequence_length=row.max_sequence_length + 1)
-        over = make_plan(longer, card_ids=[row.card]).cards[0]
-        assert not over.fits or row.max_sequence_length == run_context(
-            resolve_arch(spec), spec).tokens  # the next length does not fit, or the cap binds
+    row = plan.card("h100-sxm-80gb")  # the answer is the largest that fits: one more does not
+    longer = spec.with_changes(sequence_length=row.max_sequence_length + 1)
+    assert row.max_sequence_length < run_context(resolve_arch(spec), spec).tokens
+    assert not make_plan(longer, card_ids=[row.card]).cards[0].fits
 
 
 def test_a_pair_that_fits_nowhere_at_its_shortest_valid_length_says_0():
@@ -54,7 +55,7 @@ def test_sft_still_searches_from_1():
 def test_max_seq_len_stops_at_the_models_context_and_the_plan_says_so():
     """tiny's max_position_embeddings is 512: max seq len printed 1,100,077 on an H100."""
     spec = spec_from_dict({"model": {"preset": "tiny"}, "sequence_length": 128})
-    plan = make_plan(spec)
+    plan = make_plan(spec, card_ids=["h100", "mi300x"])
     assert {row.max_sequence_length for row in plan.cards} == {512}
     assert any("stops at the model's context, 512 tokens" in a for a in plan.assumptions)
     assert plan.warnings == []

@@ -70,6 +70,7 @@ def test_fp8_memory_by_recipe_against_bf16():
     assert opt["fp8-tensorwise"].total_bytes == opt["bf16-mixed"].total_bytes
 
 
+@pytest.mark.slow
 def test_fp8_plans_quotes_and_compares_on_h100_h200_mi300x_with_the_time_it_saves():
     fp8 = LORA_8B.with_changes(precision="fp8-tensorwise")
     for card in FP8_CARDS:
@@ -143,6 +144,7 @@ def test_the_cpu_pilot_of_an_fp8_spec_runs_bf16_and_says_fp8_is_not_measured(tmp
     assert any("FP8 is NOT measured" in n for n in res.notes)
 
 
+@pytest.mark.slow
 def test_the_restore_proof_of_an_fp8_spec_says_what_its_bf16_stand_in_could_not_check(tmp_path):
     from tunepilot.restore.proof import verify_restore
     from tunepilot.spec.fp8 import stand_in_note

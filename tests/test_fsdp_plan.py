@@ -72,6 +72,7 @@ def test_litgpt_loss_is_what_the_step_runs_and_matches_plain_cross_entropy():
     assert loss.item() == pytest.approx(plain.item(), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_trace_leaves_no_process_group_behind():
     pytest.importorskip("transformers")
     import torch.distributed as dist
@@ -85,6 +86,7 @@ def test_a_trace_leaves_no_process_group_behind():
     assert not dist.is_initialized()  # a later step in this process sees one rank
 
 
+@pytest.mark.slow
 def test_fsdp1_init_is_replayed_unit_by_unit_before_the_step():
     pytest.importorskip("torch")
     pytest.importorskip("transformers")

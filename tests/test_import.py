@@ -125,6 +125,7 @@ def test_a_hub_dataset_is_refused_by_import_and_planned_synthetic_on_the_fly(tmp
     assert plan["stage"] == "plan" and plan["params"]["trainable"] == 83_886_080  # 8B, r=32
 
 
+@pytest.mark.slow
 def test_import_cli_writes_a_spec_that_plans_from_its_own_directory(tmp_path):
     out = tmp_path / "sub" / "spec.yaml"
     out.parent.mkdir()
@@ -140,6 +141,7 @@ def test_import_cli_writes_a_spec_that_plans_from_its_own_directory(tmp_path):
     assert json.loads(proc.stdout)["samples"] > 0
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2_without_a_traceback(tmp_path):
     spec_like = _write(tmp_path, "spec.yaml", {"model": {"preset": "tiny"}})
     empty_model = _write(tmp_path, "ax.yml", {"adapter": "lora", "sequence_len": 512,

@@ -61,6 +61,7 @@ def _hf_run(tmp_path, *, steps=8, out=None, save_steps=100, callback=None):
     return cb, seen
 
 
+@pytest.mark.slow
 def test_hf_trainer_callback_counts_steps_and_useful_vs_padded_tokens(tmp_path):
     cb, seen = _hf_run(tmp_path, steps=8)
     d = json.loads((tmp_path / "run" / "pilot.json").read_text())
@@ -84,6 +85,7 @@ def test_hf_trainer_callback_counts_steps_and_useful_vs_padded_tokens(tmp_path):
     assert d["loss"]["first"]["value"] == logged[0] and d["loss"]["last"]["value"] == logged[-1]
 
 
+@pytest.mark.slow
 def test_quote_and_report_read_the_callbacks_run_directory(tmp_path):
     _hf_run(tmp_path, steps=5, save_steps=4)
     run = tmp_path / "run"
@@ -99,6 +101,7 @@ def test_quote_and_report_read_the_callbacks_run_directory(tmp_path):
     assert (run / "report.html").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_a_failing_callback_warns_and_the_run_goes_on(tmp_path):
     blocker = tmp_path / "run"
     blocker.write_text("a file where the run directory should go")
@@ -111,6 +114,7 @@ def test_a_failing_callback_warns_and_the_run_goes_on(tmp_path):
     assert blocker.read_text().startswith("a file")
 
 
+@pytest.mark.slow
 def test_lightning_callback_counts_steps_and_tokens(tmp_path):
     import lightning as L
     from lightning_train import CausalLM  # the example's own LightningModule
@@ -143,6 +147,7 @@ def test_lightning_callback_counts_steps_and_tokens(tmp_path):
     assert "kind: full" in (tmp_path / "run" / "spec.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_watch_measures_a_child_of_known_size_and_length(tmp_path):
     child = tmp_path / "child.py"
     child.write_text("import time, sys\nb = bytearray(200 << 20)\nb[::4096] = b'\\x01' * "
@@ -158,6 +163,7 @@ def test_watch_measures_a_child_of_known_size_and_length(tmp_path):
     assert _cli("report", tmp_path / "w").returncode == 0
 
 
+@pytest.mark.slow
 def test_watch_forwards_sigterm_to_the_whole_tree_and_leaves_no_orphans(tmp_path):
     pidfile = tmp_path / "pids"
     child = tmp_path / "tree.py"
@@ -205,6 +211,7 @@ def textwrap_tree(pidfile: Path) -> str:
         "time.sleep(120)\n")
 
 
+@pytest.mark.slow
 def test_verify_an_hf_checkpoint_and_resume_from(tmp_path):
     from tunepilot.integrations.hf import resume_from
 
@@ -233,6 +240,7 @@ def test_verify_an_hf_checkpoint_and_resume_from(tmp_path):
     assert any(p["file"] == weights.name and p["component"] == "model" for p in bad)
 
 
+@pytest.mark.slow
 def test_verify_a_tunepilot_checkpoint_and_name_the_damage(tmp_path):
     from tunepilot.checkpoint import save_checkpoint
     from tunepilot.restore.worker import build, train
@@ -263,6 +271,7 @@ def test_verify_a_tunepilot_checkpoint_and_name_the_damage(tmp_path):
     assert proc.returncode == 1 and "not a directory" in proc.stdout
 
 
+@pytest.mark.slow
 def test_the_hf_trainer_restore_proof_passes_and_catches_ignore_data_skip(tmp_path):
     script = [sys.executable, str(OWN / "hf_train.py"), "--out", str(tmp_path / "own")]
     ok = _cli("restore", "--trainer", "hf", "--out", tmp_path / "good", "--json", "--", *script)
@@ -280,6 +289,7 @@ def test_the_hf_trainer_restore_proof_passes_and_catches_ignore_data_skip(tmp_pa
     assert "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_the_lightning_restore_proof_passes_with_a_stateful_loader_and_names_a_plain_one(
         tmp_path):
     script = [sys.executable, str(OWN / "lightning_train.py"), "--out", str(tmp_path / "own")]
@@ -336,6 +346,7 @@ def _gone(pids: list[int], within_s: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_sigkill_of_watch_leaves_neither_the_command_nor_its_children(tmp_path):
     """SIGKILL cannot be caught: the watched command dies with watch (parent-death signal) and
     the sentinel ends what the command started (issue 26: it was left running)."""
@@ -361,6 +372,7 @@ def _flip_byte(f: Path) -> None:
     f.write_bytes(bytes(raw))
 
 
+@pytest.mark.slow
 def test_an_hf_checkpoint_is_intact_only_against_the_manifest_written_at_save(tmp_path):
     """The callback hashes checkpoint-N/ at on_save; verify checks every byte against it. A
     flipped byte that still loads is caught with the manifest - and without one verify says it
@@ -416,6 +428,7 @@ def _rehash(ck: Path, rel: str) -> None:
     (ck / "manifest.json").write_text(json.dumps(body))
 
 
+@pytest.mark.slow
 def test_verify_a_tunepilot_checkpoint_checks_shapes_steps_and_unlisted_files(tmp_path):
     from tunepilot.checkpoint import save_checkpoint
     from tunepilot.restore.worker import build, train

@@ -90,6 +90,7 @@ def delta(base: dict, over: dict) -> tuple[int, int, list[str]]:
     return out[1][0] - out[0][0], out[1][1] - out[0][1], out[1][2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base,over,what", [
     (FULL, dict(FULL, kernels={"liger": LIGER}), "Liger's norms"),
     (FULL, dict(FULL, kernels={"cut_cross_entropy": True}), "cut cross entropy"),
@@ -121,6 +122,7 @@ def test_a_traced_plan_of_fused_kernels_is_traced_and_says_what_it_assumed():
     assert "never held" in text  # the analytic arithmetic it rests on, said too
 
 
+@pytest.mark.slow
 def test_lora_on_fused_moe_experts_saves_the_merged_weights_as_the_analytic_plan_says(
         tmp_path):
     """transformers >= 5 fuses each layer's experts into raw parameters: PEFT wraps them with

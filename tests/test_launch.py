@@ -90,6 +90,7 @@ def test_hostile_table_values_exit_2_naming_row_and_column(tmp_path, edit, field
     assert not (tmp_path / "c.yaml").exists()
 
 
+@pytest.mark.slow
 def test_a_100000_row_table_imports_with_a_summary(tmp_path):
     """Every H200 row lists its own wrong memory and every unknown accelerator is new: the
     warnings and unknowns are summarised, not one line per row. (Its speed, <= 15 s, is
@@ -240,6 +241,7 @@ def test_slurm_gives_every_node_its_own_rank_and_out_and_kills_on_a_bad_exit(tmp
     assert out.read_text().count("srun --kill-on-bad-exit=1") == 2  # one failing node ends all
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("via", ["slurm", "skypilot"])
 def test_launch_installs_this_tunepilot_not_the_package_index(tmp_path, via):
     out = tmp_path / "f"

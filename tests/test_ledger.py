@@ -223,6 +223,7 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("cancel"), st.integers(0, 30))), max_size=25)
 
 
+@pytest.mark.slow
 @PROPS
 @given(ops=ops, inventory=st.integers(1, 5))
 def test_at_no_instant_do_bookings_exceed_inventory(ops, inventory):
@@ -252,6 +253,7 @@ def test_at_no_instant_do_bookings_exceed_inventory(ops, inventory):
         assert _brute_peak(active, 0, 80) <= inventory
 
 
+@pytest.mark.slow
 @PROPS
 @given(existing=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12), st.integers(1, 3)),
                          max_size=6),
@@ -273,6 +275,7 @@ def test_cancel_then_rebook_restores_capacity(existing, start, hours, count):
         assert again.status == "booked" and led.free(card, *window) == before - count
 
 
+@pytest.mark.slow
 @PROPS
 @given(bookings=st.lists(st.tuples(
     st.sampled_from([c.id for c in CAT.cards]), st.integers(1, 8), st.integers(1, 24 * 40),
@@ -409,6 +412,7 @@ def test_a_21_digit_booking_id_is_a_message(tmp_path, command):
     assert "Traceback" not in proc.stderr and "id" in proc.stderr and "no booking" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_tiny_term_reserves_what_is_invoiced(tmp_path):
     """--hours 1e-7 is 0.36 ms: h200 bills a whole hour, so the booking holds the cards for
     that hour - never a 1-second reservation with an hour on the invoice."""
@@ -442,6 +446,7 @@ def _race_new_ledger(db, n: int) -> list:
     return [(p.wait(timeout=120), p.stderr.read()) for p in procs]
 
 
+@pytest.mark.slow
 def test_processes_creating_a_new_ledger_at_once_all_book(tmp_path):
     for attempt in range(3):  # the window is small: try a few fresh files
         db = tmp_path / f"new-{attempt}.sqlite3"

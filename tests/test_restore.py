@@ -72,6 +72,7 @@ def broken(tmp_path_factory):
                 for (fault, run), result in zip(cases, pool.map(one, cases), strict=True)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_each_broken_component_fails_the_proof_and_is_named(broken, fault):
     result = broken[fault]

@@ -133,6 +133,7 @@ trees = st.recursive(leaves, lambda inner: st.one_of(st.lists(inner, max_size=3)
                      max_leaves=12)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(trees, st.dictionaries(keys, trees, max_size=6).map(
@@ -156,6 +157,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,text,needle", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_yaml_is_refused_with_a_bounded_message(tmp_path, capsys, name, text, needle):
     """(That it is refused within 5 s is benchmarks/timing_targets.py's.)"""

@@ -99,6 +99,7 @@ def test_cuda_autocast_rules_run_its_float32_ops_in_float32_on_the_cpu():
 # ------------------------------------------------------------------------------ fake vs real
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("over", [
     {"method": {"kind": "full"}, "precision": "fp32"},
     {"method": {"kind": "lora", "lora_dropout": 0.1}, "precision": "bf16-mixed",
@@ -120,6 +121,7 @@ def test_fake_trace_peak_equals_the_real_cpu_step(over):
 # ------------------------------------------------------------------------------ every method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("over,expect", [
     ({"method": {"kind": "lora", "lora_targets": ["q_proj", "v_proj"]}}, "master_weights"),
     ({"method": {"kind": "full"}, "precision": "bf16-true"}, "weights"),
@@ -146,6 +148,7 @@ def test_every_method_traces_with_a_consistent_breakdown(over, expect):
     assert "sdpa-flash" in plan.trace["attention_path"]
 
 
+@pytest.mark.slow
 def test_accumulation_micro_batches_do_not_raise_the_peak():
     raw = traced(tiny(method={"kind": "full"}, gradient_accumulation_steps=4))
     first, second, third = raw.micro_batch_peaks_bytes
@@ -153,6 +156,7 @@ def test_accumulation_micro_batches_do_not_raise_the_peak():
     assert raw.accumulation_peak_stable and third - second <= CUDA_BLOCK_BYTES
 
 
+@pytest.mark.slow
 def test_ddp_adds_buckets_to_the_single_device_trace():
     base = tiny(method={"kind": "full"}, precision="bf16-mixed")
     raw = traced(base)
@@ -165,6 +169,7 @@ def test_ddp_adds_buckets_to_the_single_device_trace():
 FSDP4 = {"strategy": "fsdp", "devices": 4}
 
 
+@pytest.mark.slow
 def test_fsdp_is_traced_per_rank_with_its_unsharded_layers_and_buffers():
     base = tiny(method={"kind": "full"}, precision="bf16-mixed")
     fsdp_spec = base.with_changes(parallel=FSDP4)
@@ -181,6 +186,7 @@ def test_fsdp_is_traced_per_rank_with_its_unsharded_layers_and_buffers():
     assert fsdp.per_device.activations_bytes == two.per_device.activations_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version,kind", [(2, "full"), (1, "lora"), (2, "qlora"),
                                           (1, "qlora")])
 def test_fsdp_fake_trace_equals_the_real_cpu_step_under_a_fake_process_group(version, kind):
@@ -193,6 +199,7 @@ def test_fsdp_fake_trace_equals_the_real_cpu_step_under_a_fake_process_group(ver
     assert unsharded > 0  # FSDP's resized storages were followed
 
 
+@pytest.mark.slow
 def test_fsdp_qlora_shards_the_packed_storage_and_keeps_absmax_whole():
     q = tiny(method={"kind": "qlora"}, precision="bf16-true", parallel=FSDP4)
     one, four = traced(q.with_changes(parallel={"strategy": "fsdp", "devices": 1})), traced(q)
@@ -211,6 +218,7 @@ def test_a_single_device_trace_cannot_plan_an_fsdp_rank():
         plan_of(base.with_changes(parallel=FSDP4), traced(base))
 
 
+@pytest.mark.slow
 def test_fsdp_accumulation_keeps_gradients_sharded():
     # the scaling worker reduce-scatters every micro-batch, so no phase holds full gradients
     spec = tiny(method={"kind": "full"}, gradient_accumulation_steps=2, parallel=FSDP4)
@@ -293,6 +301,7 @@ def test_bf16_state_on_fp32_adapters_is_refused_by_the_spec_with_the_fix():
     assert "adapter_dtype: bf16" in str(e.value)
 
 
+@pytest.mark.slow
 def test_selective_op_keeps_less_than_selective_and_more_than_full():
     acts = {}
     for ac in ("selective", "selective-op", "full"):
@@ -312,6 +321,7 @@ def test_torch_compile_is_modelled_on_the_traced_plan_and_said_so():
     assert any("torch_compile" in n and "MODELLED" in n for n in b.assumptions)
 
 
+@pytest.mark.slow
 def test_the_validation_pass_is_a_phase_of_the_timeline_and_can_set_the_peak():
     """A forward without gradients at validation.micro_batch_size: planned and traced; a
     large evaluation batch (HF's per_device_eval_batch_size) moves the peak there."""
@@ -329,6 +339,7 @@ def test_the_validation_pass_is_a_phase_of_the_timeline_and_can_set_the_peak():
         assert abs(vt - va) / vt < 0.15  # the derivation agrees with the traced pass
 
 
+@pytest.mark.slow
 def test_fsdp_cpu_offload_moves_the_sharded_states_to_the_host_in_both_plans():
     base = {"method": {"kind": "full"}, "precision": "bf16-mixed"}
     on = tiny(**base, parallel={"strategy": "fsdp", "devices": 4, "cpu_offload": True})
@@ -349,6 +360,7 @@ def test_fsdp_cpu_offload_moves_the_sharded_states_to_the_host_in_both_plans():
         assert "host memory" in note and "per rank" in note
 
 
+@pytest.mark.slow
 def test_torchtunes_levers_are_modelled_in_both_plans_and_refused_where_they_cannot_work(
         tmp_path):
     from tunepilot.errors import SpecError
@@ -383,6 +395,7 @@ def test_torchtunes_levers_are_modelled_in_both_plans_and_refused_where_they_can
     assert len(notes) == 2 and all("not measured here" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_a_python_gelu_saves_more_in_transformers_than_the_fused_gelu_other_code_calls(
         tmp_path):
     """Phi's gelu_new is Python elementwise ops in transformers (tanh out, 0.5x, 1+tanh saved
