@@ -198,9 +198,10 @@ def test_a_read_only_out_directory_is_one_message_not_a_traceback(tmp_path, comm
 
 @pytest.mark.parametrize("args", [
     ("plan", "examples/tiny.yaml", "--json"),
-    ("quote", "examples/tiny.yaml", "--card", "h100", "--json"),
-    ("book", "--card", "h100", "--count", "1", "--hours", "1", "--start", "2031-01-01T00:00Z",
-     "--json"),
+    pytest.param(("quote", "examples/tiny.yaml", "--card", "h100", "--json"),
+                 marks=pytest.mark.slow),
+    pytest.param(("book", "--card", "h100", "--count", "1", "--hours", "1", "--start",
+                  "2031-01-01T00:00Z", "--json"), marks=pytest.mark.slow),
     ("--help",),
 ])
 def test_the_fast_paths_import_no_rich_no_torch_and_build_one_command(tmp_path, args):

@@ -24,6 +24,7 @@ def _cli(*args, timeout=120):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_skypilot_table_becomes_a_catalog_that_quotes_use(tmp_path):
     out = tmp_path / "aws.yaml"
     proc = _cli("catalog", "import", CSV, "--out", out, "--as-of", "2026-12-01", "--json")
@@ -111,6 +112,7 @@ def test_a_100000_row_table_imports_with_a_summary(tmp_path):
     assert "50,000 rows" in proc.stdout and "H200" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_partial_override_only_needs_the_keys_it_changes(tmp_path):
     cat = tmp_path / "c.yaml"
     cat.write_text(yaml.safe_dump({"schema_version": 1, "cards": [
@@ -153,6 +155,7 @@ def test_launch_via_slurm_writes_the_directives(tmp_path):
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,field", [
     (["--via", "kubernetes"], "--via"),
     (["--via", "slurm", "--count", "12", "--gpus-per-node", "8"], "--count"),
@@ -204,6 +207,7 @@ def _fake_bin(tmp_path: Path) -> Path:
     return b
 
 
+@pytest.mark.slow
 def test_slurm_gives_every_node_its_own_rank_and_out_and_kills_on_a_bad_exit(tmp_path):
     """Run the written sbatch script on a fake 2-node allocation: the batch shell runs on node 0
     (SLURM_NODEID=0 there), srun runs one task per node."""

@@ -343,6 +343,7 @@ def test_rows_out_of_range_from_an_older_version_do_not_crash_the_readers(ledger
     assert "out of range" in rows[0].end
 
 
+@pytest.mark.slow
 def test_a_zero_byte_ledger_is_refused_not_restarted(tmp_path):
     db = tmp_path / "l.sqlite3"
     db.write_bytes(b"")
@@ -353,6 +354,7 @@ def test_a_zero_byte_ledger_is_refused_not_restarted(tmp_path):
     assert db.stat().st_size == 0  # untouched
 
 
+@pytest.mark.slow
 def test_damaged_pages_are_a_message_not_a_traceback(tmp_path):
     db = tmp_path / "l.sqlite3"
     with L.Ledger.open(db) as led:
@@ -402,6 +404,7 @@ def test_hostile_book_flags_exit_2_and_never_touch_the_ledger(tmp_path, args, fi
     assert not db.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["usage", "--hours-used", "1"], ["invoice"], ["cancel"]])
 def test_a_21_digit_booking_id_is_a_message(tmp_path, command):
     db = tmp_path / "l.sqlite3"

@@ -78,6 +78,7 @@ def test_reference_free_pair_losses_run_without_a_reference(kind):
     assert math.isfinite(st.loss) and st.grad_norm > 0
 
 
+@pytest.mark.slow
 def test_a_full_dpo_run_builds_a_frozen_reference_copy():
     s = spec(DPO, method={"kind": "full"}, data={"source": "synthetic"}, sequence_length=64)
     run = build_run(s, "cpu", total_steps=2)

@@ -156,6 +156,7 @@ def test_bad_objective_input_exits_2(tmp_path, capsys):
     assert "num_generations" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("util, words", [(0.9, ["lower it", "sleep_mode"]),
                                          (0.1, ["raise it", "weights"])])
 def test_a_vllm_fraction_that_leaves_no_room_on_the_chosen_card_exits_2(tmp_path, capsys,

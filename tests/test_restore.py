@@ -87,6 +87,7 @@ def test_each_broken_component_fails_the_proof_and_is_named(broken, fault):
     assert data["hook"] == fault
 
 
+@pytest.mark.slow
 def test_a_damaged_file_is_named_with_its_component(broken):
     for fault, component in ((HOOKS + "TRUNCATE_MODEL", "model"),
                              (HOOKS + "FLIP_OPTIMIZER", "optimizer")):
@@ -98,6 +99,7 @@ def test_a_damaged_file_is_named_with_its_component(broken):
         assert broken[fault].to_dict()["load_s"]["value"] is None
 
 
+@pytest.mark.slow
 def test_divergence_names_the_first_step_and_what_diverged(broken):
     d = broken[HOOKS + "DROP_DATA_POSITION"].first_divergence
     assert d["step"] == 3 and d["index"] == 0 and "batches" in d["diverged"]
@@ -106,6 +108,7 @@ def test_divergence_names_the_first_step_and_what_diverged(broken):
     assert d["step"] == 3 and d["diverged"] == ["lr"]  # the first step's loss is still the same
 
 
+@pytest.mark.slow
 def test_cli_restore_passes_and_writes_restore_json(tmp_path):
     from typer.testing import CliRunner
 
@@ -134,6 +137,7 @@ def test_cli_restore_passes_and_writes_restore_json(tmp_path):
     assert (out / "checkpoints" / "restore-step-000003" / "manifest.json").exists()
 
 
+@pytest.mark.slow
 def test_cli_exits_1_naming_the_failed_component(broken, monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
@@ -149,6 +153,7 @@ def test_cli_exits_1_naming_the_failed_component(broken, monkeypatch, tmp_path):
     assert "restore proof failed: data_position" in res.stderr
 
 
+@pytest.mark.slow
 def test_lora_with_dropout_and_grad_scaler_restores_exactly(broken):
     result = broken["lora"]
     assert result.passed, [(c.name, c.detail) for c in result.components if not c.passed]
@@ -158,6 +163,7 @@ def test_lora_with_dropout_and_grad_scaler_restores_exactly(broken):
         [s.loss_bits for s in result.steps.original]
 
 
+@pytest.mark.slow
 def test_text_data_restores_across_the_end_of_an_epoch(broken):
     result = broken["text"]
     assert result.passed, [(c.name, c.detail) for c in result.components if not c.passed]

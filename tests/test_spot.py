@@ -232,6 +232,7 @@ def test_compare_shows_on_demand_and_spot_side_by_side():
     assert err.value.field == "spot-rate"
 
 
+@pytest.mark.slow
 def test_launch_spot_writes_the_interval_into_the_spec_it_runs(tmp_path):
     spec = tmp_path / "llama3.1-70b-fsdp8.yaml"
     spec.write_text((EXAMPLES / "llama3.1-70b-fsdp8.yaml").read_text())

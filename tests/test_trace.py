@@ -233,6 +233,7 @@ def test_fsdp_accumulation_keeps_gradients_sharded():
 # ------------------------------------------------------------------------------ the child process
 
 
+@pytest.mark.slow
 def test_an_abort_in_the_child_falls_back_to_the_analytic_plan(monkeypatch):
     monkeypatch.setenv(HOOK_ENV, "support.faults:abort")
     plan = make_traced_plan(tiny(method={"kind": "full"}), card_ids=["h100"])
@@ -242,6 +243,7 @@ def test_an_abort_in_the_child_falls_back_to_the_analytic_plan(monkeypatch):
     assert plan.cards and plan.cards[0].card == load_catalog().get("h100").id
 
 
+@pytest.mark.slow
 def test_an_error_in_the_child_falls_back_with_the_reason(monkeypatch):
     monkeypatch.setenv(HOOK_ENV, "support.faults:raise_value_error")
     plan = make_traced_plan(tiny(method={"kind": "full"}), card_ids=["h100"])
@@ -258,6 +260,7 @@ def test_a_spec_the_step_would_refuse_is_refused_by_the_validator_first():
     assert "state_dtype" in str(e.value) and "parameter dtype" in str(e.value)
 
 
+@pytest.mark.slow
 def test_cli_plan_trace_json_gives_a_traced_plan():
     from typer.testing import CliRunner
 
@@ -425,6 +428,7 @@ def test_a_python_gelu_saves_more_in_transformers_than_the_fused_gelu_other_code
     assert any("fused tanh GELU" in n for n in plans["torchtune"][2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", [{"kind": "full"}, {"kind": "lora", "lora_rank": 4}])
 def test_sequence_classification_traces_with_the_score_head_the_analytic_plan_counts(method):
     """AutoModelForSequenceClassification: no vocabulary lm_head, a num_labels score head
