@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - creates .venv, installs tunepilot (CPU torch), runs the staged pilot on the tiny model
 #   make test   - creates .venv, installs tunepilot + test tools, runs lint and the tests
+#   make check  - the quick signal: lint and the tests not marked slow
 #   make floor  - the same model-building tests on pyproject's lowest torch/transformers/peft
 PY ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 # The CPU build of torch, pinned for the test/CI set-up only (the package itself does not pin torch).
 TORCH_CPU := torch==2.13.0
 
-.PHONY: venv skyvenv browser demo test floor lint bench clean
+.PHONY: venv skyvenv browser demo test check floor lint bench clean
 
 $(BIN)/tunepilot: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -40,6 +41,12 @@ browser:
 test: venv browser skyvenv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# The tests not marked slow (no real training run, torchrun group or browser): a quick signal
+# for a newcomer; `make test` runs them all.
+check: venv
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The floors: pyproject's lowest torch, transformers and peft (scripts/floors.py reads them) in
 # a venv of their own, and the tests that build models and run every objective's step on them.
