@@ -67,6 +67,7 @@ def test_a_setsid_grandchild_of_watch_dies_with_a_sigkilled_tunepilot(tmp_path, 
             watcher.kill()
 
 
+@pytest.mark.slow
 def test_an_orphan_the_command_left_is_ended_when_watch_ends(tmp_path):
     pid_file = tmp_path / "orphan.pid"
     proc = subprocess.run([*EXE, "watch", "--out", str(tmp_path / "w"), "--", "bash", "-c",

@@ -160,6 +160,7 @@ def test_the_time_model_reads_each_strategys_collectives():
     assert collectives(single, arch) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("par", [
     {"strategy": "deepspeed", "devices": 4, "deepspeed": {"stage": 3}},
     {"strategy": "ddp", "devices": 4, "tensor": 2, "context": 2},
@@ -206,6 +207,7 @@ def test_torchao_4bit_and_8bit_states_are_planned_by_their_blocks():
     assert any("torchao.optim.AdamW4bit" in n for n in p.assumptions)
 
 
+@pytest.mark.slow
 def test_the_trace_holds_the_same_quantized_state_as_the_plan():
     from tunepilot.plan.trace.core import make_traced_plan
 

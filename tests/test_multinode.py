@@ -255,6 +255,7 @@ def test_a_failed_copy_back_stops_the_cluster_instead_of_deleting_it(sky_on_path
 # --- Slurm ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slurm_asks_for_cpus_memory_and_the_pilots_own_time(tmp_path):
     out = tmp_path / "p.sbatch"
     proc = _cli("launch", SPEC, "--card", "h100", "--count", "16", "--via", "slurm", "--out",

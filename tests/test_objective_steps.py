@@ -54,7 +54,6 @@ def test_prompt_rows_are_left_padded_and_train_nothing():
     assert bool((b["attention_mask"][:, -1] == 1).all())  # generation continues at the end
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["sigmoid", "ipo", "hinge"])
 def test_dpo_loss_starts_at_its_reference_value_and_trains(loss):
     """LoRA's B starts at zero: the policy is the reference, so the sigmoid loss is log 2."""
@@ -67,7 +66,6 @@ def test_dpo_loss_starts_at_its_reference_value_and_trains(loss):
     assert math.isfinite(st.loss) and st.grad_norm > 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["orpo", "simpo", "cpo"])
 def test_reference_free_pair_losses_run_without_a_reference(kind):
     s = spec(DPO, objective={"kind": kind}, method={"kind": "full"},
@@ -78,7 +76,6 @@ def test_reference_free_pair_losses_run_without_a_reference(kind):
     assert math.isfinite(st.loss) and st.grad_norm > 0
 
 
-@pytest.mark.slow
 def test_a_full_dpo_run_builds_a_frozen_reference_copy():
     s = spec(DPO, method={"kind": "full"}, data={"source": "synthetic"}, sequence_length=64)
     run = build_run(s, "cpu", total_steps=2)
@@ -89,7 +86,6 @@ def test_a_full_dpo_run_builds_a_frozen_reference_copy():
     assert all(torch.equal(a, b) for a, b in zip(before, ref.parameters(), strict=True))
 
 
-@pytest.mark.slow
 def test_grpo_step_generates_then_updates_the_policy():
     s = spec(GRPO)
     run = build_run(s, "cpu", total_steps=3)
