@@ -121,3 +121,27 @@ def test_catalog_import_does_not_divide_by_a_count_the_row_contradicts(tmp_path)
     code, stdout, err = run_cli("catalog", "import", fixed, "--out", out, "--json")
     price = json.loads(stdout)["cards"][0]["pricing"]["on_demand_usd_per_hour"]
     assert code == 0 and price == "15"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_dataset_path_that_is_not_a_regular_file_is_refused_not_read(tmp_path, kind):
+    """Found by the fuzzer: `data` blocked on a FIFO (and would read /dev/zero forever)."""
+    import os
+
+    spec = _data_spec(tmp_path, [_GOOD["text"]], "text", True)
+    (tmp_path / "data.jsonl").unlink()
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "data.jsonl")
+    else:
+        (tmp_path / "data.jsonl").symlink_to("/dev/zero")
+    code, _, err = run_cli("data", spec)
+    assert code == 2 and "not a regular file" in err, err
+
+
+def test_axolotl_plugins_that_are_not_a_list_are_refused(tmp_path):
+    """Found by the fuzzer: plugins: 7 was iterated (TypeError)."""
+    p = tmp_path / "ax.yml"
+    p.write_text(yaml.safe_dump({"base_model": "meta-llama/Llama-3.1-8B", "adapter": "lora",
+                                 "plugins": 7}))
+    code, _, err = run_cli("import", p, "--data", "synthetic")
+    assert code == 2 and "plugins" in err, err

@@ -6,10 +6,10 @@ s3fs / gcsfs / adlfs is installed - and then reads each file back from the desti
 its SHA-256. A file already at the destination with the right SHA-256 is skipped, so a second run
 resumes an interrupted upload; a file there with the wrong size or hash is copied again.
 
-Before anything leaves, each checkpoint is checked as `verify` checks it short of the fresh
-load (checkpoint/verify.py check_checkpoint: manifest, sizes and SHA-256, components, files added
-after the save, the JSON components' shapes): whatever `verify` rejects is refused rather than
-exported. A local destination inside the run directory is refused (the next export would copy
+Before anything leaves, each checkpoint is checked as `verify` checks it - the manifest, sizes
+and SHA-256, components, files added after the save, the JSON components' shapes, and (when all
+of that holds) every component loaded in a fresh process (checkpoint/inspect.py): whatever
+`verify` rejects is refused rather than exported. A local destination inside the run directory is refused (the next export would copy
 the copy).
 
 RUN_DIR/export.json (and DEST/export.json, last) records `bytes`, `seconds`, `bytes_per_s`
@@ -230,13 +230,13 @@ def _checkpoints(root: Path, files: list[ExportedFile]) -> tuple[int, int]:
 
 
 def _check_local_checkpoints(root: Path, rels: list[str]) -> None:
-    """Refuse to export a checkpoint `verify` would reject (short of its fresh load): one whose
-    files no longer match its manifest, whose manifest is missing or damaged, that holds files
-    added after the save or a JSON state of the wrong shape."""
-    from tunepilot.checkpoint.verify import check_checkpoint
+    """Refuse to export a checkpoint `verify` rejects - the same checks, its fresh load included:
+    files that no longer match the manifest, a missing or damaged manifest, files added after
+    the save, a state of the wrong shape or one that does not load (a re-sealed forgery)."""
+    from tunepilot.checkpoint.inspect import inspect_checkpoint
 
     for ckpt in _checkpoint_dirs(root, rels):
-        _, problems = check_checkpoint(ckpt)
+        problems = inspect_checkpoint(ckpt, load=True).problems
         if problems:
             raise ExportError(f"checkpoint {str(ckpt)!r} is damaged on the local disk: "
                               + "; ".join(str(p) for p in problems[:3])

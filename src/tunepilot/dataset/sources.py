@@ -98,6 +98,7 @@ def _files(data: DataSpec, path: Path) -> list[Path]:
             raise UserError("data.path", f"{str(path)!r} is a directory, not a "
                             f"{data.source} file.", "Use source: hf-disk for a save_to_disk "
                             "directory, or give the file's path.")
+        _regular(path)
         return [path]
     if not path.is_dir():
         raise UserError("data.path", f"{str(path)!r} is not a directory.", _WHAT["hf-disk"])
@@ -120,10 +121,25 @@ def _files(data: DataSpec, path: Path) -> list[Path]:
     return files
 
 
+def _regular(path: Path) -> None:
+    """A dataset file must be a regular file: a FIFO would block the read and /dev/zero never
+    end it (both refused at once, naming the path)."""
+    import stat
+
+    from tunepilot.limits import file_kind
+
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):
+        raise UserError("data.path", f"{str(path)!r} is {file_kind(mode)}, not a regular file.",
+                        "Give the path of the dataset file itself.")
+
+
 def _json(path: Path) -> dict:
+    from tunepilot.limits import Refused, load_json_capped
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = load_json_capped(path)
+    except (OSError, Refused) as exc:
         raise UserError("data.path", f"{str(path)!r} is not readable JSON ({exc}).") from None
     if not isinstance(data, dict):
         raise UserError("data.path", f"{str(path)!r} is not a JSON object.")

@@ -136,7 +136,11 @@ def _kernels(m: Mapper) -> None:
         m.note("xformers_attention: memory-efficient attention, planned as sdpa (no s x s)")
     if truthy(m.get("s2_attention")):
         m.note("s2_attention (shifted sparse attention) is planned as flash attention")
-    plugins = " ".join(str(p) for p in (m.get("plugins") or []))
+    plugins = m.get("plugins") or []
+    if not isinstance(plugins, list | str):
+        m.fail("plugins", f"is {str(plugins)[:40]}, not a list of plugin names.",
+               f"E.g. plugins: [{importer_kernels.LIGER_PLUGIN}].")
+    plugins = " ".join(str(p) for p in ([plugins] if isinstance(plugins, str) else plugins))
     on = [k for k in _LIGER_KEYS if truthy(m.get(k))]
     for key in on:
         importer_kernels.liger(m, key, [_LIGER_KEYS[key]])
