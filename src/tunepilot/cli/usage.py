@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import inspect
 import re
 from typing import Any
 
@@ -81,11 +82,13 @@ def _command_name(info: Any) -> str | None:
 
 def only_invoked(app: typer.Typer, argv: list[str]) -> typer.Typer:
     """``app`` with only the command ``argv`` invokes: typer builds every command's parameters
-    from its signature before it runs one (24 commands, tens of ms of start-up). ``app`` itself
-    for --help, --version, no command, or a name it does not know (whose message lists all)."""
+    from its signature before it runs one (24 commands, tens of ms of start-up). With no
+    command (--help, --version, nothing), ``app`` listed only: each command's name, help and
+    hidden flag, none of its parameters. ``app`` itself for a name it does not know (whose
+    message lists all)."""
     name = next((a for a in argv if not a.startswith("-")), None)
     if name is None:
-        return app
+        return _listed(app)
     commands = [c for c in app.registered_commands if _command_name(c) == name]
     groups = [g for g in app.registered_groups if g.name == name]
     if not commands and not groups:
@@ -93,6 +96,27 @@ def only_invoked(app: typer.Typer, argv: list[str]) -> typer.Typer:
     one = copy.copy(app)
     one.registered_commands, one.registered_groups = commands, groups
     return one
+
+
+def _listed(app: typer.Typer) -> typer.Typer:
+    """``app`` for its own help: every command as it is listed (name, help, hidden) with a
+    callback of no parameters, which never runs - no command is invoked without a name."""
+    listed = copy.copy(app)
+    listed.registered_commands = [_listed_command(c) for c in app.registered_commands]
+    return listed
+
+
+def _listed_command(info: Any) -> Any:
+    listed = copy.copy(info)
+    listed.name = _command_name(info)
+    if listed.help is None and info.callback is not None:
+        listed.help = inspect.getdoc(info.callback)
+    listed.callback = _not_invoked
+    return listed
+
+
+def _not_invoked() -> None:
+    raise RuntimeError("a command listed for --help was invoked")
 
 
 def usage_error(exc: Exception) -> UserError:

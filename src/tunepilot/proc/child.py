@@ -24,13 +24,14 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tunepilot.errors import TunepilotError, UserError
 
-M = TypeVar("M", bound=BaseModel)
+if TYPE_CHECKING:  # pydantic on first use: the CLI imports this module at every start-up
+    from pydantic import BaseModel
+
+M = TypeVar("M", bound="BaseModel")
 
 HOOK_ENV = "TUNEPILOT_CHILD_HOOK"
 STDERR_TAIL_LINES = 5
@@ -200,6 +201,8 @@ def read_job(argv: list[str] | None = None, model: type[M] | None = None):
 def write_job(path: Path, job: dict | BaseModel) -> Path:
     """Write a job file for a child or a torchrun launch (a message model, or a dict for the
     children that take one); its path."""
+    from pydantic import BaseModel
+
     if isinstance(job, BaseModel):
         return write_message(path, job)
     path.parent.mkdir(parents=True, exist_ok=True)
