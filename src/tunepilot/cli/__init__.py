@@ -60,6 +60,7 @@ def console_main() -> None:
 def main(*, hard_exit: bool = False) -> None:
     """Run the command line: user errors exit 2 with one paragraph, never a traceback. Usage
     errors (unknown option, missing argument) are click's: exit 2 with the usage line."""
+    from tunepilot.cli.startup import prepare
     from tunepilot.proc.child import Terminated, raise_on_terminate
 
     # tunepilot's models are its own: no pydantic plugin observes them, and looking for one
@@ -70,6 +71,7 @@ def main(*, hard_exit: bool = False) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     raise_on_terminate()
+    prepare()  # start-up: plain values without pydantic adapters, package metadata on use
     code = 0
     try:
         rv = only_invoked(app, sys.argv[1:])(standalone_mode=False)

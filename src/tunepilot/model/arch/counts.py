@@ -33,7 +33,8 @@ def linear_modules(arch: Arch, moe_layout: MoeLayout | None = None, *,
     from tunepilot.model.arch.lora import installed_moe_layout
     from tunepilot.model.arch.moe import layout_specs
 
-    specs = layout_specs(arch, moe_layout or installed_moe_layout())
+    # only an MoE model's matrices depend on the installed transformers (its metadata is slow)
+    specs = layout_specs(arch, moe_layout or (installed_moe_layout() if arch.is_moe else "fused"))
     if vision and arch.vision is not None:
         specs += list(arch.vision.linears)
     return specs
