@@ -66,3 +66,20 @@ def test_fused_attention_dropout_keeps_no_attention_matrix():
                    **dict(fields, kernels={"attention": "eager"}))
     s_by_s = 16 * 512 * 512  # one layer's attention matrix, elements
     assert eager.peak_bytes > without.peak_bytes + s_by_s  # eager really keeps it
+
+
+def test_a_trace_far_from_the_formula_says_which_the_plan_uses_and_why():
+    from tunepilot.model.arch import resolve_arch
+    from tunepilot.plan.analytic.core import analytic_plan
+    from tunepilot.plan.trace.core import trusted
+
+    spec = spec_from_dict({"model": {"preset": "tiny"}})
+    analytic = analytic_plan(spec, resolve_arch(spec))
+    near = analytic.model_copy(deep=True)
+    assert trusted(near, analytic) is None
+    far = analytic.model_copy(deep=True)
+    far.per_device.allocated_peak_bytes = int(analytic.per_device.allocated_peak_bytes * 1.25)
+    far.differences = [{"component": "temporary", "why": "the real ops' buffers"}]
+    verdict = trusted(far, analytic)
+    assert verdict["uses"] == "trace" and verdict["difference_fraction"] == pytest.approx(0.25)
+    assert "+25%" in verdict["text"] and "temporary" in verdict["text"]

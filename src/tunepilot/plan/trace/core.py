@@ -275,7 +275,36 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
         tokens_per_optimizer_step=spec.batch.positions_per_step, world_size=N,
         strategy=strategy, stack=stack, assumptions=notes, trace=trace)
     plan.differences = differences(plan, analytic)
+    verdict = trusted(plan, analytic)
+    if verdict is not None:
+        plan.trace["trusted"] = verdict
+        plan.assumptions.append(verdict["text"])
     return plan
+
+
+TRUST_FRACTION = 0.10  # a traced and an analytic peak this far apart: the plan says which it uses
+
+
+def trusted(traced: MemoryPlan, analytic: MemoryPlan) -> dict | None:
+    """Where the traced and the analytic allocated peaks differ by more than TRUST_FRACTION,
+    which one the plan uses and why: the trace, which ran the step's real operations (the
+    implementation's kernels, casts, views and temporaries) where the analytic plan derives them
+    per token - naming the components that differ and what the trace modelled rather than ran
+    (plan.assumptions' MODELLED notes), which both share."""
+    t = traced.per_device.allocated_peak_bytes
+    a = analytic.per_device.allocated_peak_bytes
+    gap = t / a - 1 if a else 0.0
+    if abs(gap) <= TRUST_FRACTION:
+        return None
+    parts = [f"{d['component']} ({d['why']})" for d in traced.differences] or \
+        ["the peak phase's mix of components"]
+    modelled = [n.split(":")[0] for n in traced.assumptions if "MODELLED" in n]
+    text = (f"traced and analytic allocated peaks differ by {gap:+.0%} "
+            f"({t / 2**30:.2f} vs {a / 2**30:.2f} GiB): the plan uses the trace, which ran the "
+            "step's own operations where the analytic plan derives them per token; they "
+            f"differ in {'; '.join(parts)}"
+            + (f" (modelled alike in both: {', '.join(modelled)})" if modelled else ""))
+    return {"uses": "trace", "difference_fraction": round(gap, 4), "text": text}
 
 
 def _bytes_per_param(params: ParamSplit, d, shard: int) -> dict:
