@@ -54,6 +54,9 @@ TT = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 
       "micro_batch_size": 2, "activation_checkpointing": "selective-op",
       "optimizer": {"name": "adamw", "impl": "fused"}, "model_implementation": "torchtitan"}
 MAX_LEN = "peak sample length not published (planned at max_length 2048)"
+# transformers < 5 ran routed experts as a Python loop over the experts a batch hits (per-expert
+# modules, gpt-oss's training path, axolotl's linearized Llama 4 experts)
+LOOP = {"implementation": "eager"}
 MEGATRON = "Megatron-LM's distributed optimizer planned as ZeRO-1"
 
 ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
@@ -77,7 +80,7 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                           "sequence_parallel": True,
                                           "deepspeed": {"stage": 1}}), [MEGATRON]),
     "ms6": ("qwen3-30b-a3b", dict(SWIFT, method={"kind": "full"}, sequence_length=8192,
-                                  kernels=FLASH, parallel={"strategy": "deepspeed",
+                                  kernels=FLASH, moe=LOOP, parallel={"strategy": "deepspeed",
                                                            "devices": 8, "nodes": 2,
                                                            "deepspeed": SWIFT_Z3}), []),
     "ms8": ("qwen3-30b-a3b", dict(SWIFT, method={"kind": "full"}, sequence_length=8192,
@@ -112,13 +115,13 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
         optimizer={"name": "adamw_8bit"}, gradient_accumulation_steps=4), []),
     "ax2": ("olmo-3-7b", dict(AX, method=AX_QLORA, optimizer={"name": "adamw_8bit"},
                               gradient_accumulation_steps=2), []),
-    "ax3": ("gpt-oss-20b", dict(AX, method=GPT_OSS_ATTN, sequence_length=4096,
+    "ax3": ("gpt-oss-20b", dict(AX, moe=LOOP, method=GPT_OSS_ATTN, sequence_length=4096,
                                 micro_batch_size=1, gradient_accumulation_steps=8,
                                 optimizer={"name": "adamw_8bit_torchao"},
                                 activation_offloading=True,
                                 kernels={"attention": "flash-attention-3",
                                          "cut_cross_entropy": True}), []),
-    "ax4": ("gpt-oss-20b", dict(AX, method={"kind": "full"}, precision="bf16-true",
+    "ax4": ("gpt-oss-20b", dict(AX, moe=LOOP, method={"kind": "full"}, precision="bf16-true",
                                 sequence_length=4096, micro_batch_size=1,
                                 gradient_accumulation_steps=2, activation_offloading=True,
                                 optimizer={"name": "adamw", "impl": "fused"},
@@ -126,18 +129,18 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                          "cut_cross_entropy": True},
                                 parallel={"strategy": "fsdp", "devices": 2,
                                           "cpu_offload": True}), []),
-    "ax5": ("gpt-oss-20b", dict(AX, method={"kind": "full"}, precision="bf16-true",
+    "ax5": ("gpt-oss-20b", dict(AX, moe=LOOP, method={"kind": "full"}, precision="bf16-true",
                                 sequence_length=4096, micro_batch_size=1,
                                 gradient_accumulation_steps=2, activation_offloading=True,
                                 optimizer={"name": "adamw_8bit_torchao"},
                                 parallel={"strategy": "fsdp", "devices": 8}), []),
-    "ax6": ("gpt-oss-20b", dict(AX, method={"kind": "full"}, precision="bf16-true",
+    "ax6": ("gpt-oss-20b", dict(AX, moe=LOOP, method={"kind": "full"}, precision="bf16-true",
                                 sequence_length=4096, micro_batch_size=1,
                                 gradient_accumulation_steps=2, activation_offloading=True,
                                 optimizer={"name": "adamw_8bit_torchao"},
                                 parallel={"strategy": "fsdp", "devices": 4}), []),
     "ax7": ("llama-4-scout-17b-16e",
-            dict(AX, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0),
+            dict(AX, moe=LOOP, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0),
                  sequence_length=4096, micro_batch_size=1, optimizer={"name": "adamw_4bit"},
                  activation_offloading=True, torch_compile=True,
                  kernels={"attention": "flex", "liger": ["rms_norm", "swiglu"],
@@ -145,8 +148,8 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
             ["the vision tower axolotl loads (Llama4ForConditionalGeneration) and its LoRA "
              "Triton kernels are not planned"]),
     "ax8": ("llama-4-scout-17b-16e",
-            dict(AX, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0,
-                                 quant_storage="bf16"),
+            dict(AX, moe=LOOP, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0,
+                                           quant_storage="bf16"),
                  sequence_length=4096, micro_batch_size=2, optimizer={"name": "adamw_4bit"},
                  kernels={"attention": "flex", "liger": ["rms_norm", "swiglu"]},
                  parallel={"strategy": "fsdp", "devices": 4}),

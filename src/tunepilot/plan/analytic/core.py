@@ -240,6 +240,11 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
             f"{variants.fused_mlp(arch, spec)}'s fused GeGLU replaces it" if
             variants.fused_mlp(arch, spec) else
             f"{impl} calls the fused tanh GELU (its input saved only)"))
+    if arch.hidden_act == "xielu":
+        notes.append("activation xielu: planned as the xIELU CUDA kernel (nickjbrowning/XIELU, "
+                     "which transformers calls when installed and axolotl recommends): its input "
+                     "saved only; without it transformers' Python version keeps several "
+                     "intermediate-sized tensors per layer more")
     if spec.torch_compile:
         notes.append("torch_compile: Inductor's partitioner recomputes pointwise ops - saved "
                      "activations x 0.8, MODELLED (the trace runs eager; it cannot compile on "

@@ -172,6 +172,77 @@ def _fused_glu_forward(self, x):  # Phi-3: one gate_up_proj
     return self.down_proj(_GLU.apply(gate, up, False))
 
 
+# --------------------------------------------------------------------------- xIELU
+
+
+def _xielu(x, ap, an, beta: float, eps: float):
+    """xIELU (arXiv 2411.13010) as transformers' XIELUActivation computes it."""
+    return torch.where(x > 0, ap * x * x + beta * x,
+                       (torch.expm1(torch.clamp(x, max=eps)) - x) * an + beta * x)
+
+
+class _XIELU(torch.autograd.Function):
+    """The xIELU CUDA kernel (nickjbrowning/XIELU, which transformers' XIELUActivation calls when
+    it is installed and axolotl recommends "for reduced VRAM"): its input saved, nothing else -
+    transformers' Python fallback keeps several intermediate-sized tensors (fp32 under CUDA
+    autocast: expm1 is on its fp32 list) per layer. The math runs over row blocks."""
+
+    @staticmethod
+    def forward(ctx, x, alpha_p, alpha_n, beta: float, eps: float):
+        x2 = x.reshape(-1, x.shape[-1])
+        y = torch.empty_like(x2)
+        with _no_autocast(x):
+            ap = torch.nn.functional.softplus(alpha_p.float())
+            an = beta + torch.nn.functional.softplus(alpha_n.float())
+            for b in _blocks(x2.shape[0]):
+                y[b] = _xielu(x2[b].float(), ap, an, beta, eps).to(y.dtype)
+        ctx.save_for_backward(x2, alpha_p, alpha_n)
+        ctx.beta, ctx.eps, ctx.shape = beta, eps, x.shape
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, alpha_p, alpha_n = ctx.saved_tensors
+        g2 = g.reshape(x2.shape)
+        dx = torch.empty_like(x2)
+        dp = torch.zeros_like(alpha_p, dtype=torch.float32)
+        dn = torch.zeros_like(alpha_n, dtype=torch.float32)
+        with _no_autocast(x2), torch.enable_grad():
+            p = alpha_p.detach().float().requires_grad_()
+            n = alpha_n.detach().float().requires_grad_()
+            for b in _blocks(x2.shape[0]):
+                xf = x2[b].detach().float().requires_grad_()
+                y = _xielu(xf, torch.nn.functional.softplus(p),
+                           ctx.beta + torch.nn.functional.softplus(n), ctx.beta, ctx.eps)
+                gx, gp, gn = torch.autograd.grad(y, (xf, p, n), g2[b].float())
+                dx[b] = gx.to(dx.dtype)
+                dp += gp
+                dn += gn
+        return (dx.view(ctx.shape), dp.to(alpha_p.dtype) if ctx.needs_input_grad[1] else None,
+                dn.to(alpha_n.dtype) if ctx.needs_input_grad[2] else None, None, None)
+
+
+def _xielu_forward(self, x):
+    return _XIELU.apply(x, self.alpha_p, self.alpha_n, float(self._beta_scalar),
+                        float(self._eps_scalar))
+
+
+def xielu_kernels(model: torch.nn.Module, notes: list[str]) -> int:
+    """transformers' XIELUActivation modules as the xIELU CUDA kernel (the plan's assumption,
+    plan/analytic/activations.py: the activation's input saved only)."""
+    swapped = 0
+    for mod in model.modules():
+        if type(mod).__name__ == "XIELUActivation":
+            mod.forward = types.MethodType(_xielu_forward, mod)
+            swapped += 1
+    if swapped:
+        notes.append(f"xIELU: {swapped} activations traced as the xIELU CUDA kernel "
+                     "(nickjbrowning/XIELU: its input saved); transformers' Python fallback, "
+                     "used when the kernel is not installed, keeps several intermediate-sized "
+                     "tensors per layer more")
+    return swapped
+
+
 # --------------------------------------------------------------------------- loss
 
 
