@@ -219,3 +219,38 @@ def test_the_trace_holds_the_same_quantized_state_as_the_plan():
     assert traced.fidelity == "trace"
     assert traced.per_device.optimizer_bytes == pytest.approx(
         analytic.per_device.optimizer_bytes, rel=0.05)
+
+
+# ------------------------------------------------------------------ DeepSpeed itself
+
+
+def test_the_ds_config_deepspeed_runs_is_the_specs():
+    pytest.importorskip("torch")
+    from tunepilot.training.deepspeed import ds_config
+
+    spec = spec_from_dict({"model": {"preset": "tiny"}, "micro_batch_size": 2,
+                           "gradient_accumulation_steps": 4, "parallel": {
+                               "strategy": "deepspeed", "devices": 2, "deepspeed": {
+                                   "stage": 3, "offload_optimizer": "cpu",
+                                   "reduce_bucket_size": "auto"}}})
+    conf = ds_config(spec)
+    zero = conf["zero_optimization"]
+    assert zero["stage"] == 3 and zero["overlap_comm"] is True  # DeepSpeed's stage-3 default
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "reduce_bucket_size" not in zero  # "auto" is the HF integration's, not DeepSpeed's
+    assert conf["bf16"]["enabled"] and not conf["fp16"]["enabled"]
+    assert (conf["train_micro_batch_size_per_gpu"], conf["gradient_accumulation_steps"]) == (2, 4)
+
+
+@pytest.mark.gpu
+def test_deepspeed_itself_runs_where_it_is_installed_and_a_gpu_is_at_hand():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "deepspeed_check.py")],
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if out.stdout.startswith("skipped:"):
+        pytest.skip(out.stdout.strip())
+    assert "ZeRO-3 allocated" in out.stdout
