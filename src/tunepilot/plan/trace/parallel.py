@@ -36,7 +36,8 @@ from tunepilot.spec import RunSpec
 
 # HF config keys a tensor-parallel rank holds 1/t of (the first present of each group)
 _TP_KEYS = (("num_attention_heads", "n_head"), ("num_key_value_heads",),
-            ("intermediate_size", "ffn_dim", "n_inner"), ("vocab_size",))
+            ("intermediate_size", "ffn_dim", "n_inner"), ("moe_intermediate_size",),
+            ("shared_expert_intermediate_size",), ("vocab_size",))
 
 
 def trace_target(spec: RunSpec, config: dict, arch: Arch) -> tuple[RunSpec, dict]:
