@@ -16,6 +16,7 @@ from tunepilot import ledger as L
 from tunepilot.catalog import Inventory, load_catalog
 from tunepilot.cost.terms import parse_options, term_cost
 from tunepilot.errors import TunepilotError, UserError
+from tunepilot.limits import MAX_CARDS
 
 CAT = load_catalog()
 H200 = CAT.get("h200")  # 8 in inventory; full refund >= 72 h ahead, 25% later, 0% after start
@@ -284,7 +285,7 @@ def test_cancel_then_rebook_restores_capacity(existing, start, hours, count):
 def test_money_never_loses_a_cent(bookings):
     with L.Ledger.open(":memory:") as led:
         for card_id, count, start_h, hours, storage, cancel_h, cancel in bookings:
-            card = small(CAT.get(card_id), 10**6)  # capacity is not what this tests
+            card = small(CAT.get(card_id), MAX_CARDS)  # capacity is not what this tests
             b = book_at(led, card, count, start_h, hours, {"storage_gb_month": storage})
             inv = led.invoice(b.id)
             assert inv.total_cents == sum(i.amount_cents for i in inv.items) == b.total_cents
