@@ -18,6 +18,8 @@ from tunepilot.integrations.importers.common import parse_number
 
 DATA = Path(__file__).resolve().parent / "data" / "trust4"
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
+TOKENIZER = Path(__file__).resolve().parents[1] / "src" / "tunepilot" / "resources" / "tiny" / \
+    "chat-tokenizer"
 
 
 @pytest.mark.parametrize("name,args,key", [
@@ -144,3 +146,14 @@ def test_the_summary_does_not_call_set_keys_off(tmp_path):
     assert code == 0
     off_line = next((line for line in out.splitlines() if "off/empty" in line), "")
     assert "tf32" not in off_line and "pad_to_sequence_len" not in off_line
+
+
+@pytest.mark.parametrize("datasets", [[{"path": [], "type": "chat_template"}],
+                                      [{"path": None}], [{"data_files": [], "path": 3}]])
+def test_a_dataset_without_a_path_is_refused_naming_it(tmp_path, datasets):
+    """Found by the fuzzer (seed 2861090967): datasets[0].path [] was indexed (IndexError)."""
+    p = tmp_path / "ax.yml"
+    p.write_text(yaml.safe_dump({"base_model": "meta-llama/Llama-3.1-8B", "adapter": "lora",
+                                 "datasets": datasets}))
+    code, _, err = run_cli("import", p, "--tokenizer", TOKENIZER)
+    assert code == 2 and "datasets" in err, err

@@ -348,7 +348,10 @@ def _data(m: Mapper) -> None:
         m.note(f"{len(datasets)} datasets: only the first ({d.get('path')}) is profiled")
     path = d.get("data_files") or d.get("path")
     if isinstance(path, list):
-        path = path[0]
+        path = path[0] if path else None
+    if not isinstance(path, str) or not path.strip():
+        m.fail("datasets", f"the first dataset's path is {str(path)[:40]!r}, not a path.",
+               "Give datasets[0].path (or data_files): a local file or directory.")
     kind = str(d.get("type") or "")
     fmt, fields = _format(m, kind, d)
     objective = (m.spec.get("objective") or {}).get("kind")

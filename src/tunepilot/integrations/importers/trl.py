@@ -252,7 +252,8 @@ def _mixture_path(m: Mapper) -> str | None:
         if len(mix) > 1:
             m.note(f"{len(mix)} datasets: only the first is profiled")
         files = mix[0].get("data_files")
-        return (files[0] if isinstance(files, list) else files) or mix[0].get("path")
+        path = (files[0] if files else None) if isinstance(files, list) else files
+        return path or mix[0].get("path")
     return None
 
 
