@@ -145,3 +145,16 @@ def test_axolotl_plugins_that_are_not_a_list_are_refused(tmp_path):
                                  "plugins": 7}))
     code, _, err = run_cli("import", p, "--data", "synthetic")
     assert code == 2 and "plugins" in err, err
+
+
+def test_a_deeply_nested_flow_spec_is_refused_before_the_parser_recurses(tmp_path):
+    """Still open from round 3: a 10 kB spec of brackets took seconds of CPU to refuse (PyYAML
+    recursed to its limit); the one-pass bracket count refuses it first. Brackets in quoted
+    scalars and comments do not count."""
+    from tunepilot.spec.yaml_input import _flow_depth
+
+    p = tmp_path / "deep.yaml"
+    p.write_text("model: {preset: tiny}\nname: " + "[" * 5000 + "]" * 5000 + "\n")
+    code, _, err = run_cli("plan", p, "--card", "h100")
+    assert code == 2 and "nested more than 64 levels deep" in err
+    assert _flow_depth("a: '[[['\nb: \"{{\"\nc: [1, [2, {d: 3}]]  # [[[[\n") == 3

@@ -44,6 +44,9 @@ def parse_yaml_mapping(text: str, name: str, what: str = "spec") -> dict:
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError(None, f"{name} is {len(text):,} characters; a {what} is a few KiB "
                         f"(limit {MAX_SPEC_BYTES:,}).", "Check it is the right file.")
+    if _flow_depth(text) > MAX_DEPTH:  # before the parser recurses into it (it costs seconds)
+        raise SpecError(None, f"{name} is nested more than {MAX_DEPTH} levels deep; a {what} "
+                        "is not.")
     try:
         data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -80,6 +83,26 @@ def yaml_comment(text: str) -> str:
         else:
             out.append(ch)
     return "# " + "".join(out)
+
+
+_FLOW_TOKENS = re.compile(r"""[\[\]{}]|'[^']*'|"(?:\\.|[^"\\])*"|(?:^|(?<=\s))#[^\n]*""",
+                          re.MULTILINE)
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of YAML flow collections ([...] and {...}) outside quoted scalars
+    and comments, found in one pass: PyYAML's parser recurses once per level, so a 10 kB file
+    of brackets took seconds of CPU to refuse (block nesting costs bytes per level and is
+    bounded after the parse)."""
+    depth = deepest = 0
+    for m in _FLOW_TOKENS.finditer(text):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif tok in "]}":
+            depth = max(0, depth - 1)
+    return deepest
 
 
 class _BoundedLoader(yaml.SafeLoader):
