@@ -239,10 +239,27 @@ def on_card(row_id: str, key: str, figures: dict) -> int:
     return got
 
 
+def traced_peak(spec, arch: Arch, config: dict) -> dict:
+    """The traced figures compared against published peaks: the allocated, reserved and device
+    peaks of one CUDA device, and a note (the attention path, or the reason the trace fell back,
+    in which case the peaks are absent)."""
+    from tunepilot.plan.trace.core import TraceFailed, trace_in_child, traced_plan_from
+
+    try:
+        plan = traced_plan_from(spec, trace_in_child(spec, config, "cuda"),
+                                analytic_plan(spec, arch, "cuda"), "cuda", arch)
+    except TraceFailed as exc:
+        return {"note": f"fallback: {exc}"}
+    d = plan.per_device
+    return {"allocated_peak_bytes": d.allocated_peak_bytes,
+            "reserved_peak_bytes": d.reserved_peak_bytes,
+            "device_peak_bytes": d.device_peak_bytes, "peak_phase": plan.peak_phase,
+            "note": plan.trace.get("attention_path", "").split(":")[0],
+            "fsdp": (plan.trace.get("fsdp") or {}).get("how"),
+            "child_wall_s": plan.trace.get("child_wall_s")}
+
+
 def plan_rows(rows: list[dict], trace: bool) -> list[dict]:
-    traced_peak = None
-    if trace:
-        from tunepilot.plan.trace.core import traced_peak_for_benchmark as traced_peak
     out = []
     for row in rows:
         if row["id"] not in ROWS:
@@ -258,7 +275,7 @@ def plan_rows(rows: list[dict], trace: bool) -> list[dict]:
                "analytic_error": a / got - 1, "peak_phase": plan.peak_phase,
                "unmodelled": unmodelled, "why": WHY.get(row["id"]),
                "source": row["source"].split()[0]}
-        if traced_peak is not None:
+        if trace:
             t = traced_peak(spec, arch, cfg)
             tb = on_card(row["id"], key, t) if t.get(key) else None
             rec.update(traced_bytes=tb, traced_error=tb / got - 1 if tb else None,

@@ -166,11 +166,11 @@ def test_the_time_model_reads_each_strategys_collectives():
     {"strategy": "ddp", "devices": 4, "tensor": 2, "context": 2},
 ])
 def test_the_trace_plans_one_rank_and_says_how(par):
-    from tunepilot.plan.trace.core import make_traced_plan
+    from tunepilot.plan.api import make_plan
 
     spec = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
                            "sequence_length": 256, "parallel": par})
-    plan = make_traced_plan(spec, card_ids=["h100-sxm-80gb"])
+    plan = make_plan(spec, "traced", card_ids=["h100-sxm-80gb"])
     assert plan.fidelity == "trace", plan.assumptions[0]
     analytic = analytic_plan(spec, resolve_arch(spec))
     if par["strategy"] == "deepspeed":
@@ -209,12 +209,12 @@ def test_torchao_4bit_and_8bit_states_are_planned_by_their_blocks():
 
 @pytest.mark.slow
 def test_the_trace_holds_the_same_quantized_state_as_the_plan():
-    from tunepilot.plan.trace.core import make_traced_plan
+    from tunepilot.plan.api import make_plan
 
     spec = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
                            "precision": "bf16-true", "optimizer": {"name": "adamw_4bit"},
                            "sequence_length": 128})
-    traced = make_traced_plan(spec, card_ids=["h100-sxm-80gb"])
+    traced = make_plan(spec, "traced", card_ids=["h100-sxm-80gb"])
     analytic = analytic_plan(spec, resolve_arch(spec))
     assert traced.fidelity == "trace"
     assert traced.per_device.optimizer_bytes == pytest.approx(

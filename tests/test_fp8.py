@@ -119,13 +119,13 @@ def test_a100_refuses_fp8_with_the_reason_and_exit_2(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_trace_runs_bf16_and_models_fp8_on_top():
-    from tunepilot.plan.trace.core import make_traced_plan
+    from tunepilot.plan.api import make_plan
 
     spec = load_spec(EXAMPLES / "tiny.yaml").with_changes(precision="fp8-tensorwise")
-    plan = make_traced_plan(spec, card_ids=["h100"])
+    plan = make_plan(spec, "traced", card_ids=["h100"])
     assert plan.fidelity == "trace"
     assert any("traced as bf16-mixed" in a and "MODELLED" in a for a in plan.assumptions)
-    bf16 = make_traced_plan(spec.with_changes(precision="bf16-mixed"), card_ids=["h100"])
+    bf16 = make_plan(spec.with_changes(precision="bf16-mixed"), "traced", card_ids=["h100"])
     arch = resolve_arch(spec)
     delta = (analytic_plan(spec.with_changes(precision="bf16-mixed"), arch)
              .per_device.allocated_peak_bytes - analytic_plan(spec, arch)

@@ -12,8 +12,8 @@ pytest.importorskip("peft")
 
 from tunepilot.model.arch import resolve_arch, resolve_model_config  # noqa: E402
 from tunepilot.plan.analytic.core import analytic_plan  # noqa: E402
+from tunepilot.plan.api import make_plan  # noqa: E402
 from tunepilot.plan.trace import kernel_standins as ks  # noqa: E402
-from tunepilot.plan.trace.core import make_traced_plan  # noqa: E402
 from tunepilot.plan.trace.step import trace_step  # noqa: E402
 from tunepilot.spec import spec_from_dict  # noqa: E402
 
@@ -115,7 +115,7 @@ def test_the_traced_difference_from_the_stock_twin_agrees_with_the_analytic_one(
 def test_a_traced_plan_of_fused_kernels_is_traced_and_says_what_it_assumed():
     spec = spec_from_dict(dict(TINY, **LORA, kernels={"liger": LIGER,
                                                       "attention": "flash-attention-2"}))
-    plan = make_traced_plan(spec, card_ids=["h100"])
+    plan = make_plan(spec, "traced", card_ids=["h100"])
     assert plan.fidelity == "trace" and plan.trace["status"] == "traced"
     text = " ".join(plan.assumptions)
     assert "PyTorch stand-ins" in text and "traced as SDPA's flash kernel" in text

@@ -73,7 +73,7 @@ def test_the_quote_projects_at_the_length_the_pilot_measured(tmp_path):
     assert q.throughput.per_card.basis == "measured"  # the pilot's own card
     other = quote(spec, card_id="h200", count=1, term_s=H, run_dir=run.path)
     assert other.throughput.per_card.basis == "projected"
-    from tunepilot.cost.quote import context
+    from tunepilot.cost.context import context
     from tunepilot.cost.throughput import processed_length
 
     ctx = context(spec, CAT, run.path, [CARD], None)

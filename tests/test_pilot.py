@@ -15,7 +15,7 @@ from tunepilot.dataset import TINY_DIR
 from tunepilot.errors import UserError
 from tunepilot.pilot.runner import PilotOptions, run_pilot
 from tunepilot.plan.api import make_plan
-from tunepilot.plan.calibrate import load_calibration, make_calibrated_plan
+from tunepilot.plan.calibrate import load_calibration
 from tunepilot.spec import load_spec, spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_calibrated_plan_applies_the_measured_ratios(tiny_run):
     spec = load_spec(TINY)
     cal = load_calibration(out)
     base = make_plan(spec, card_ids=["h100"])
-    plan = make_calibrated_plan(spec, out, card_ids=["h100"])
+    plan = make_plan(spec, "calibrated", run_dir=out, card_ids=["h100"])
     assert plan.fidelity == "analytic+calibrated"
     assert plan.per_device.activations_bytes == pytest.approx(
         base.per_device.activations_bytes * cal.ratios["activations"], abs=2)

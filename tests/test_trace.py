@@ -18,7 +18,8 @@ pytest.importorskip("peft")
 from tunepilot.catalog import load_catalog  # noqa: E402
 from tunepilot.model.arch import resolve_arch, resolve_model_config  # noqa: E402
 from tunepilot.plan.analytic.core import analytic_plan, workspace_bytes  # noqa: E402
-from tunepilot.plan.trace.core import make_traced_plan, traced_plan_from  # noqa: E402
+from tunepilot.plan.api import make_plan  # noqa: E402
+from tunepilot.plan.trace.core import traced_plan_from  # noqa: E402
 from tunepilot.plan.trace.standins import CudaAutocastRules, nf4_parts  # noqa: E402
 from tunepilot.plan.trace.step import trace_step  # noqa: E402
 from tunepilot.plan.trace.tracker import CUDA_BLOCK_BYTES, StorageTracker, round_block  # noqa: E402
@@ -236,7 +237,7 @@ def test_fsdp_accumulation_keeps_gradients_sharded():
 @pytest.mark.slow
 def test_an_abort_in_the_child_falls_back_to_the_analytic_plan(monkeypatch):
     monkeypatch.setenv(HOOK_ENV, "support.faults:abort")
-    plan = make_traced_plan(tiny(method={"kind": "full"}), card_ids=["h100"])
+    plan = make_plan(tiny(method={"kind": "full"}), "traced", card_ids=["h100"])
     assert plan.fidelity == "analytic" and plan.trace["status"] == "fallback"
     assert "SIGABRT" in plan.trace["fallback_reason"]
     assert plan.assumptions[0].startswith("trace failed")
@@ -246,7 +247,7 @@ def test_an_abort_in_the_child_falls_back_to_the_analytic_plan(monkeypatch):
 @pytest.mark.slow
 def test_an_error_in_the_child_falls_back_with_the_reason(monkeypatch):
     monkeypatch.setenv(HOOK_ENV, "support.faults:raise_value_error")
-    plan = make_traced_plan(tiny(method={"kind": "full"}), card_ids=["h100"])
+    plan = make_plan(tiny(method={"kind": "full"}), "traced", card_ids=["h100"])
     assert plan.fidelity == "analytic"
     assert "a library refused the step" in plan.trace["fallback_reason"]
 
@@ -436,7 +437,7 @@ def test_sequence_classification_traces_with_the_score_head_the_analytic_plan_co
     spec = tiny(model={"preset": "tiny", "task": "sequence-classification", "num_labels": 3},
                 method=method)
     causal = tiny(method=method)
-    plan = make_traced_plan(spec, card_ids=["h100"])
+    plan = make_plan(spec, "traced", card_ids=["h100"])
     assert plan.fidelity == "trace" and plan.trace["status"] == "traced"
     analytic = analytic_plan(spec, resolve_arch(spec), "cuda")
     assert plan.params == analytic.params

@@ -157,13 +157,13 @@ def truncation_note(p: DataProfile) -> str | None:
 
 def _run_plan(c: Ctx) -> MemoryPlan:
     from tunepilot.plan.api import make_plan
-    from tunepilot.plan.trace.core import make_traced_plan
 
     if c.options.trace:
         c.say("plan: tracing the training step on fake tensors (falls back to analytic)")
-        return make_traced_plan(c.spec, catalog=c.catalog, base_dir=c.options.base_dir)
-    c.say("plan: analytic")
-    return make_plan(c.spec, catalog=c.catalog, base_dir=c.options.base_dir)
+    else:
+        c.say("plan: analytic")
+    return make_plan(c.spec, "traced" if c.options.trace else "analytic", catalog=c.catalog,
+                     base_dir=c.options.base_dir)
 
 
 def _gate_plan(c: Ctx, plan: MemoryPlan) -> Gate:

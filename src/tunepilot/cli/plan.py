@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated
 
@@ -41,24 +42,18 @@ def plan(
     run_spec = load_run_spec(spec)
     cat = load_catalog(catalog)
     warn_if_stale(cat)
-    if calibrate is not None:
-        if trace:
-            raise UserError("--calibrate", "applies to the analytic plan (the pilot's residuals "
-                            "are measured against it).", "Drop --trace or --calibrate.")
-        from tunepilot.plan.calibrate import make_calibrated_plan
-
-        result = make_calibrated_plan(run_spec, calibrate, catalog=cat, card_ids=card,
-                                      headroom=headroom, base_dir=spec.parent)
-    elif trace:
-        from tunepilot.plan.trace.core import make_traced_plan
+    if calibrate is not None and trace:
+        raise UserError("--calibrate", "applies to the analytic plan (the pilot's residuals "
+                        "are measured against it).", "Drop --trace or --calibrate.")
+    method = "calibrated" if calibrate is not None else "traced" if trace else "analytic"
+    tick = contextlib.nullcontext()
+    if trace:
         from tunepilot.views.progress import ticking
 
-        with ticking("plan", "tracing the training step on fake tensors"):
-            result = make_traced_plan(run_spec, catalog=cat, card_ids=card, headroom=headroom,
-                                      base_dir=spec.parent)
-    else:
-        result = make_plan(run_spec, catalog=cat, card_ids=card, headroom=headroom,
-                           base_dir=spec.parent)
+        tick = ticking("plan", "tracing the training step on fake tensors")
+    with tick:
+        result = make_plan(run_spec, method, catalog=cat, card_ids=card, headroom=headroom,
+                           base_dir=spec.parent, run_dir=calibrate)
     show(result, as_json, view("plan.render_plan", run_spec, headroom))
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from tunepilot.catalog import Catalog, load_catalog
+from tunepilot.cost.context import QuoteContext, context
 from tunepilot.cost.quote import (
-    QuoteContext,
     SpotAsk,
     build_quote,
-    context,
     does_not_fit_text,
     host_fit_at,
     strategy_at,

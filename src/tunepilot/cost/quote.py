@@ -27,7 +27,8 @@ from pathlib import Path
 from tunepilot.catalog import Card, Catalog, load_catalog
 from tunepilot.checkpoint.components import DATA
 from tunepilot.cost.assumptions import assumed
-from tunepilot.cost.measurements import RunMeasurements, measured_value, read_run_dir
+from tunepilot.cost.context import QuoteContext, context
+from tunepilot.cost.measurements import measured_value
 from tunepilot.cost.rl_quote import generation_layout, rl_note, rl_of, rl_phases, rl_throughput
 from tunepilot.cost.spot import node_rate, spot_quote
 from tunepilot.cost.terms import billed_seconds, check_count, parse_options, term_cost
@@ -36,17 +37,12 @@ from tunepilot.errors import UserError
 from tunepilot.model.context import context_warning
 from tunepilot.model.flops import (
     EXPORT_RULE,
-    FlopsPerToken,
-    checkpoint_bytes,
     export_bytes,
-    flops_per_token,
-    load_bytes,
 )
 from tunepilot.plan.fit import DEFAULT_HEADROOM
 from tunepilot.plan.host import Layout, host_fit, host_plan
 from tunepilot.results.figure import MEASURED, PROJECTED, Figure
 from tunepilot.results.host import HostFit
-from tunepilot.results.plan import CardFit, ParamSplit
 from tunepilot.results.quote import (
     BatchOnCards,
     Quote,
@@ -60,106 +56,6 @@ from tunepilot.units import fmt_bytes
 
 __all__ = ["MEASURED", "PROJECTED", "quote"]
 _USD_PER_M = Decimal("1e-10")  # cost per million useful tokens: kept fine, rounded once for display
-
-
-@dataclass
-class QuoteContext:
-    """What every quote of one spec shares: the arithmetic, the fit, the measurements."""
-
-    spec: RunSpec
-    catalog: Catalog
-    arch: object
-    params: ParamSplit
-    flops: FlopsPerToken
-    fit: dict[str, CardFit]  # card id -> plan row
-    run: RunMeasurements | None
-    profile: object = None  # the dataset's length profile (tunepilot data), when there is one
-
-    @property
-    def checkpoint_bytes(self) -> int:
-        """Trainable weights in their dtype + optimizer state (model/flops.py, the plan's rule)."""
-        return checkpoint_bytes(self.arch, self.spec, self.params.trainable)
-
-    def target(self, count: int, useful: Figure) -> tuple[float, int]:
-        """(useful tokens the term must deliver, optimizer steps) on ``count`` cards: the
-        spec's tokens; epochs x the supervised tokens of one epoch (the dataset's profile, else
-        target.dataset_tokens); or target.steps x the tokens of a step x the useful fraction."""
-        t = self.spec.target
-        per_step = self.spec.batch.positions_per_step_on(count) * useful.value
-        if t.steps is not None:
-            return t.steps * per_step, t.steps
-        tokens = (t.epochs * self.profile.tokens_supervised.value
-                  if t.epochs is not None and self.profile is not None else t.useful_tokens)
-        return tokens, self.epoch_steps(count) or math.ceil(tokens / per_step)
-
-    def epoch_steps(self, count: int) -> int | None:
-        """Optimizer steps of the spec's epochs on ``count`` ranks (from the profile's items),
-        as the loader draws them (spec/batch.py: the one epoch rule); at least one."""
-        if self.spec.target.epochs is None or self.profile is None:
-            return None
-        return max(1, self.spec.batch.steps_for_epochs(self.spec.target.epochs,
-                                                       self.profile.used.items, count))
-
-    def steps_per_epoch(self, count: int) -> int | None:
-        """Optimizer steps of one epoch of the profiled dataset on ``count`` ranks."""
-        if self.profile is None:
-            return None
-        return self.spec.batch.steps_per_epoch(self.profile.used.items, count)
-
-    @property
-    def load_bytes(self) -> int:
-        """The pretrained checkpoint the run loads (model/flops.py load_bytes, the host plan's)."""
-        return load_bytes(self.arch, self.spec)
-
-
-def context(spec: RunSpec, catalog: Catalog, run_dir: Path | str | None,
-             card_ids: list[str] | None, base_dir: Path | None) -> QuoteContext:
-    from tunepilot.model.arch import resolve_arch
-    from tunepilot.plan.api import make_plan
-
-    run = read_run_dir(run_dir, spec, catalog) if run_dir is not None else None
-    arch = resolve_arch(spec, base_dir)
-    wanted = [c.id for c in catalog.select(card_ids)]
-    staged = _staged_plan(run_dir, spec)
-    if staged is not None and all(staged.card(c) for c in wanted):
-        params, fit = staged.params, {c.card: c for c in staged.cards}  # the gated plan
-    else:
-        plan = make_plan(spec, catalog=catalog, card_ids=card_ids, arch=arch, base_dir=base_dir)
-        params, fit = plan.params, {c.card: c for c in plan.cards}
-    return QuoteContext(spec, catalog, arch, params, flops_per_token(arch, spec), fit, run,
-                _profile(run_dir, spec, arch, base_dir))
-
-
-def _staged_plan(run_dir: Path | str | None, spec: RunSpec):
-    """RUN_DIR/plan.json when it is this spec's (the plan the staged pilot gated on)."""
-    if run_dir is None:
-        return None
-    from tunepilot.results.plan import MemoryPlan
-    from tunepilot.store import RunDir
-
-    run = RunDir(run_dir)
-    return run.read_if(MemoryPlan) if run.stage_done("plan", spec.spec_hash()) else None
-
-
-def _profile(run_dir: Path | str | None, spec: RunSpec, arch, base_dir: Path | None):
-    """RUN_DIR/data.json when it is this spec's; else, for a target in epochs of a dataset, the
-    profile made now (tokenized once, then read from the cache)."""
-    from tunepilot.results.data import DataProfile
-
-    if run_dir is not None:
-        from tunepilot.store import RunDir
-
-        run = RunDir(run_dir)
-        if run.stage_done("data", spec.spec_hash()):
-            found = run.read_if(DataProfile)
-            if found is not None:
-                return found
-    if spec.target.epochs is None or spec.target.dataset_tokens is not None or \
-            spec.data.source == "synthetic":
-        return None
-    from tunepilot.dataset.profile import profile_dataset
-
-    return profile_dataset(spec, arch.vocab_size, base_dir)
 
 
 def _machine(ctx: QuoteContext, card: Card, stage: str, fig: Figure | None, unit: str, what: str,

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+from tunepilot.catalog import Card
+from tunepilot.cost.context import QuoteContext
 from tunepilot.cost.measurements import measured_value
 from tunepilot.cost.rl_step import RLStep, rl_step
 from tunepilot.results.figure import Figure
 from tunepilot.results.quote import TimeTerm
 
 
-def rl_of(ctx, card, count: int, strategy: str) -> RLStep | None:
+def rl_of(ctx: QuoteContext, card: Card, count: int, strategy: str) -> RLStep | None:
     """The RL step of the spec on ``count`` x ``card`` at the global-batch rule, or None: not a
     generative objective, or a pilot measured its throughput on this card."""
     spec = ctx.spec

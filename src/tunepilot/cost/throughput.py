@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from tunepilot.catalog import Card
 from tunepilot.cost.assumptions import assumed, efficiency_parts
+from tunepilot.cost.context import QuoteContext
 from tunepilot.cost.measurements import measured_value
 from tunepilot.model.flops import (
     MFU_RULE,
@@ -30,7 +31,7 @@ from tunepilot.results.figure import MEASURED, PROJECTED, Figure
 from tunepilot.units import fmt_number
 
 
-def useful_fraction(ctx) -> Figure:
+def useful_fraction(ctx: QuoteContext) -> Figure:
     """Useful (supervised) tokens / token positions: measured by the pilot, else the data
     profile's, else none lost."""
     pilot = ctx.run.pilot if ctx.run else None
@@ -58,7 +59,7 @@ def useful_fraction(ctx) -> Figure:
     return Figure.projected(1.0, "fraction", "assumed no padding: the pilot measures it")
 
 
-def processed_length(ctx) -> Figure:
+def processed_length(ctx: QuoteContext) -> Figure:
     """The mean sequence length the card processes (MFU_RULE's length): the pilot's measured
     batches, else the dataset profile's padded micro-batches, else the spec's (synthetic data:
     every sample full length)."""
@@ -73,7 +74,7 @@ def processed_length(ctx) -> Figure:
                             "sequence_length (synthetic data: every sample full length)")
 
 
-def _with_levers(ctx, card: Card, tps: float, how: str, basis: str) -> Figure:
+def _with_levers(ctx: QuoteContext, card: Card, tps: float, how: str, basis: str) -> Figure:
     """A throughput the pilot measured with the spec's levers off (it runs the plain step),
     times each lever's speed factor, said per lever: a pilot and a no-pilot quote of the same
     spec then count the same levers."""
@@ -92,7 +93,7 @@ def _with_levers(ctx, card: Card, tps: float, how: str, basis: str) -> Figure:
                             levers={lv.lever: lv.factor for lv in levers})
 
 
-def _fp8_lever(ctx, card: Card) -> list:
+def _fp8_lever(ctx: QuoteContext, card: Card) -> list:
     """An FP8 spec's pilot ran bf16 (FP8 is not measured): the recipe's speed-up on this card."""
     if not ctx.spec.precision.is_fp8:
         return []
@@ -107,7 +108,7 @@ def _fp8_lever(ctx, card: Card) -> list:
     return [LeverFactor(s.precision, value, "derived", how)]
 
 
-def per_card(ctx, card: Card, useful: Figure) -> Figure:
+def per_card(ctx: QuoteContext, card: Card, useful: Figure) -> Figure:
     """Useful tokens/s of one card of this kind (as if the run fitted on one)."""
     from tunepilot.errors import UserError
     from tunepilot.spec.fp8 import require_fp8_card
@@ -157,7 +158,7 @@ def per_card(ctx, card: Card, useful: Figure) -> Figure:
         mfu=mfu.to_dict(), processed_length=seq.to_dict())
 
 
-def _launch_floor(ctx, positions: float, seq: float):
+def _launch_floor(ctx: QuoteContext, positions: float, seq: float):
     """(positions/s, the floor when it binds): one rank's optimizer step cannot take less than
     its kernel launches (cost/launch.py)."""
     from tunepilot.cost.launch import step_floor
@@ -181,7 +182,8 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Figure, Figure]:
+def scaled(ctx: QuoteContext, card: Card, count: int, strategy: str, one: Figure
+           ) -> tuple[Figure, Figure]:
     """(efficiency, total useful tokens/s) of ``count`` cards."""
     if count == 1:
         from tunepilot.cost.comms import step_terms
@@ -224,8 +226,8 @@ def scaled(ctx, card: Card, count: int, strategy: str, one: Figure) -> tuple[Fig
                                "per card")
 
 
-def _with_step_terms(ctx, card: Card, count: int, strategy: str, one: Figure, eff: float,
-                     how: str) -> tuple[float, str]:
+def _with_step_terms(ctx: QuoteContext, card: Card, count: int, strategy: str, one: Figure,
+                     eff: float, how: str) -> tuple[float, str]:
     """The efficiency with the step's communication terms the node-scaling columns do not hold
     (cost/comms.py): the offer's fabric against the published runs', tensor and context
     parallel, CPU offload's optimizer step - each as seconds added to a rank's step."""
@@ -240,7 +242,7 @@ def _with_step_terms(ctx, card: Card, count: int, strategy: str, one: Figure, ef
     return eff * step_s / (step_s + extra), how + "; " + said
 
 
-def _useful_of(ctx) -> float:
+def _useful_of(ctx: QuoteContext) -> float:
     """The useful fraction the per-card figure carries (its tokens/s count useful tokens)."""
     return useful_fraction(ctx).value
 

@@ -161,10 +161,16 @@ def is_packed(dataset) -> bool:
     return isinstance(dataset, PackedRows)
 
 
+def trained_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The one rule of useful tokens, counted where the labels are (a 0-d tensor: no device
+    sync): labels after the one-token shift that are not ignored (padding and, under
+    completions-only training, prompt tokens are not useful)."""
+    return (labels[:, 1:] != IGNORE_INDEX).sum()
+
+
 def useful_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Trained target tokens: labels after the one-token shift that are not ignored (padding
-    and, under completions-only training, prompt tokens are not useful)."""
-    return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+    """Trained target tokens of a batch (trained_positions)."""
+    return int(trained_positions(batch["labels"]))
 
 
 def batch_fingerprint(batch: dict[str, torch.Tensor]) -> str:

@@ -30,7 +30,6 @@ from tunepilot.results.figure import Figure
 from tunepilot.results.pilot import PilotResult
 
 M = Figure.measured
-IGNORE_INDEX = -100
 DEFAULT_WARMUP_STEPS = 2
 
 
@@ -123,7 +122,9 @@ class Recorder:
         self._seq = max(self._seq, int(shape[-1]))
         self._samples += int(shape[0]) if len(shape) > 1 else 1
         if labels is not None and labels.dim() > 1:
-            self._useful = self._useful + (labels[:, 1:] != IGNORE_INDEX).sum()
+            from tunepilot.dataset.loader import trained_positions
+
+            self._useful = self._useful + trained_positions(labels)  # on the device: no sync
         elif attention_mask is not None:
             self._useful = self._useful + attention_mask[:, 1:].sum()
             self._note_once("no labels reached the model's forward: useful tokens are the "

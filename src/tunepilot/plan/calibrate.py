@@ -22,12 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.errors import UserError
-from tunepilot.model.arch import Arch, resolve_arch
+from tunepilot.model.arch import Arch
 from tunepilot.plan.analytic.core import analytic_plan, runtime_constants
-from tunepilot.plan.fit import DEFAULT_HEADROOM, Planner, fit_card, note_context
-from tunepilot.plan.host import attach_host
+from tunepilot.plan.fit import Planner
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
 
@@ -148,25 +146,3 @@ def calibrated_planner(cal: Calibration) -> Planner:
         return calibrate(analytic_plan(spec, arch, stack), cal, arch)
 
     return planner
-
-
-def make_calibrated_plan(spec: RunSpec, run_dir: Path | str, *, catalog: Catalog | None = None,
-                         card_ids: list[str] | None = None, headroom: float = DEFAULT_HEADROOM,
-                         base_dir: Path | None = None) -> MemoryPlan:
-    """make_plan with the pilot's calibration applied to the plan and to every card's fit
-    (max micro-batch, max sequence length and device counts use the calibrated planner)."""
-    cal = load_calibration(run_dir)
-    catalog = catalog or load_catalog()
-    arch = resolve_arch(spec, base_dir)
-    from tunepilot.spec.fp8 import cards_for
-
-    cards, left_out = cards_for(spec, catalog, card_ids)
-    stack = cards[0].software_stack if cards else "cuda"
-    planner = calibrated_planner(cal)
-    plan = planner(spec, arch, stack)
-    plan.cards = [fit_card(spec, arch, card, planner, headroom, plan) for card in cards]
-    plan.assumptions += left_out
-    note_context(plan, spec, arch)
-    attach_host(plan, spec, arch, cards, headroom)
-    plan.spec_hash = spec.spec_hash()
-    return plan

@@ -1,11 +1,14 @@
 """The one way tunepilot runs work in a fresh Python process (the traced plan, the restore
 proof's fresh process, the scaling worker under torchrun): a job file in, a result file out.
 
-    parent:  run_child("tunepilot.plan.trace.step", job, timeout_s=...) -> result dict
-    child:   if __name__ == "__main__": sys.exit(child_main(handler))   # handler(job) -> dict
-The child always writes its result file while Python lives: {"status": "ok", ...} or {"status":
+    parent:  run_child("tunepilot.plan.trace.step", job, TraceResult, timeout_s=...) -> TraceResult
+    child:   if __name__ == "__main__": sys.exit(child_main(handler, TraceJob))
+             # handler(job: TraceJob) -> TraceResult
+Job and result are proc/messages.py Messages, validated once on the way in. The child always
+writes its result file while Python lives: {"status": "ok", ...the result} or {"status":
 "error", "reason": ..., "error": {...}}. The parent turns a timeout, a signal (an abort inside
-PyTorch) or a missing result into ChildFailed with the reason and the child's last stderr line.
+PyTorch), a missing result or one it cannot read into ChildFailed with the reason (and the
+child's last stderr line).
 
 ``TUNEPILOT_CHILD_HOOK=module:function`` is called at the start of every child: the test suite's
 fault injection (tests/support) plugs in there, so none of it lives in the library.
@@ -31,7 +34,11 @@ from tunepilot.errors import TunepilotError, UserError
 if TYPE_CHECKING:  # pydantic on first use: the CLI imports this module at every start-up
     from pydantic import BaseModel
 
+    from tunepilot.proc.messages import Message
+
 M = TypeVar("M", bound="BaseModel")
+R = TypeVar("R", bound="Message")  # a child's result
+J = TypeVar("J", bound="Message")  # a child's job
 
 HOOK_ENV = "TUNEPILOT_CHILD_HOOK"
 STDERR_TAIL_LINES = 5
@@ -55,10 +62,11 @@ def src_pythonpath(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_child(module: str, job: dict, *, timeout_s: float, what: str = "the child process",
-              env: dict[str, str] | None = None, log_path: Path | None = None,
-              workdir: Path | None = None) -> dict:
-    """Run ``python -m module JOB RESULT`` and return its result; ChildFailed with the reason.
+def run_child(module: str, job: Message, result: type[R], *, timeout_s: float,
+              what: str = "the child process", env: dict[str, str] | None = None,
+              log_path: Path | None = None, workdir: Path | None = None) -> R:
+    """Run ``python -m module JOB RESULT`` and return its result as ``result``; ChildFailed
+    with the reason.
     The child dies with tunepilot and its job directory goes with it (spawn.Spawned's
     sentinel); a directory left by an earlier tunepilot that could not clean up (the machine
     went down) is removed by the next run (it is named after its tunepilot's process id)."""
@@ -68,7 +76,7 @@ def run_child(module: str, job: dict, *, timeout_s: float, what: str = "the chil
     with tempfile.TemporaryDirectory(prefix=f"{CHILD_DIR_PREFIX}{os.getpid()}-",
                                      dir=workdir) as tmp:
         job_path, res_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps(job, default=str))
+        job_path.write_text(job.model_dump_json())
         cmd = [sys.executable, "-m", module, str(job_path), str(res_path)]
         full_env = src_pythonpath(env)
         full_env.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -81,12 +89,25 @@ def run_child(module: str, job: dict, *, timeout_s: float, what: str = "the chil
         if timed_out:
             raise ChildFailed(f"{what} took longer than {timeout_s:.0f} s")
         stderr = err_path.read_bytes()
-        result = _read_result(res_path)
-    if result is not None and result.get("status") == "ok":
-        return result
-    if result is not None and result.get("status") == "error":
-        raise ChildFailed(result.get("reason", f"{what} failed"), result.get("error"))
+        raw = _read_result(res_path)
+    if raw is not None and raw.get("status") == "ok":
+        return _typed(result, raw, what)
+    if raw is not None and raw.get("status") == "error":
+        raise ChildFailed(raw.get("reason", f"{what} failed"), raw.get("error"))
     raise ChildFailed(_died(what, rc, stderr.decode(errors="replace")))
+
+
+def _typed(result: type[R], raw: dict, what: str) -> R:
+    """The child's result validated into ``result``, or ChildFailed saying why it could not be
+    read (another version of tunepilot wrote it, or it is damaged)."""
+    from pydantic import ValidationError
+
+    raw.pop("status", None)
+    try:
+        return result.model_validate(raw)
+    except ValidationError as exc:
+        raise ChildFailed(f"{what}'s result is not a {result.__name__} this version of "
+                          f"tunepilot can read ({str(exc).splitlines()[0][:300]})") from None
 
 
 CHILD_DIR_PREFIX = "tunepilot-child-"
@@ -169,8 +190,10 @@ def call_hook() -> None:
         load_object(ref)()
 
 
-def child_main(handler: Callable[[dict], dict], argv: list[str] | None = None) -> int:
-    """Read the job, run ``handler``, write the result - always, as long as Python lives."""
+def child_main(handler: Callable[[J], Message], job: type[J],
+               argv: list[str] | None = None) -> int:
+    """Read the job as ``job``, run ``handler``, write its result message - always, as long as
+    Python lives."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         sys.stderr.write("usage: python -m MODULE JOB.json RESULT.json (started by tunepilot)\n")
@@ -178,36 +201,23 @@ def child_main(handler: Callable[[dict], dict], argv: list[str] | None = None) -
     job_path, res_path = Path(argv[0]), Path(argv[1])
     call_hook()
     try:
-        result = dict(handler(json.loads(job_path.read_text())), status="ok")
+        out = handler(read_message(job, job_path))
+        result = dict(out.model_dump(mode="json"), status="ok")
     except Exception as exc:  # every failure becomes a stated reason for the parent
         result = {"status": "error", "reason": describe(exc), "error": _error_dict(exc)}
     res_path.write_text(json.dumps(result, default=str))
     return 0
 
 
-def read_job(argv: list[str] | None = None, model: type[M] | None = None):
-    """The job of a per-rank entry point started by torchrun (``python -m MODULE JOB.json``):
-    ranks write their own result files (OUT/rank{R}.json), so there is no RESULT argument. With
-    ``model`` the job is validated into it (read_message)."""
+def read_job(argv: list[str] | None, model: type[M]) -> M:
+    """The job of a per-rank entry point started by torchrun (``python -m MODULE JOB.json``),
+    validated into ``model`` (read_message): ranks write their own result files
+    (OUT/rank{R}.json), so there is no RESULT argument."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         sys.stderr.write("usage: python -m MODULE JOB.json (started by tunepilot under torchrun)\n")
         raise SystemExit(2)
-    if model is not None:
-        return read_message(model, Path(argv[0]))
-    return json.loads(Path(argv[0]).read_text())
-
-
-def write_job(path: Path, job: dict | BaseModel) -> Path:
-    """Write a job file for a child or a torchrun launch (a message model, or a dict for the
-    children that take one); its path."""
-    from pydantic import BaseModel
-
-    if isinstance(job, BaseModel):
-        return write_message(path, job)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(job, indent=1, default=str))
-    return path
+    return read_message(model, Path(argv[0]))
 
 
 def write_message(path: Path, message: BaseModel) -> Path:

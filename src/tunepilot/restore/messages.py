@@ -7,16 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from tunepilot.proc.messages import Message as _Message
 from tunepilot.results.restore import StepRecord
-
-RESTORE_MESSAGE_VERSION = 1
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    version: int = RESTORE_MESSAGE_VERSION
 
 
 class DeterminismReport(_Message):

@@ -131,13 +131,11 @@ def run_fresh(original: ProcessReport, run_path: Path, hook: str | None) -> Proc
     if original.device.startswith("cuda"):
         env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS
     try:
-        got = run_child("tunepilot.restore.worker", job.model_dump(mode="json"),
-                        timeout_s=WORKER_TIMEOUT_S, what="the fresh process", env=_env(env),
-                        log_path=logs / "restore-fresh.log")
+        return run_child("tunepilot.restore.worker", job, ProcessReport,
+                         timeout_s=WORKER_TIMEOUT_S, what="the fresh process", env=_env(env),
+                         log_path=logs / "restore-fresh.log")
     except ChildFailed as exc:
         return ProcessReport(crashed=exc.reason)
-    got.pop("status", None)
-    return ProcessReport.model_validate(got)
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:

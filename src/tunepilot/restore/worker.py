@@ -32,6 +32,7 @@ from tunepilot.checkpoint import (
     model_and_optimizer_state,
     rng_state,
 )
+from tunepilot.restore.messages import FreshJob, ProcessReport
 from tunepilot.results.restore import StepRecord
 from tunepilot.spec import RunSpec
 
@@ -165,16 +166,15 @@ def load_hook(ref: str | None):
     return load_object(ref)
 
 
-def resume(raw: dict) -> dict:
+def resume(job: FreshJob) -> ProcessReport:
     """The fresh process: build, load (verified), digest, train M steps; a ProcessReport."""
-    from tunepilot.restore.messages import DeterminismReport, FreshJob, ProcessReport
+    from tunepilot.restore.messages import DeterminismReport
 
-    job = FreshJob.model_validate(raw)
     spec = RunSpec.model_validate(job.spec)
     if spec.spec_hash() != job.spec_hash:
         return ProcessReport(error={"component": "fresh_process", "message": "the spec did not "
                                     "survive the trip to the fresh process (spec hash "
-                                    "differs)"}).model_dump(mode="json")
+                                    "differs)"})
     import torch
 
     torch.set_num_threads(job.threads)
@@ -187,16 +187,16 @@ def resume(raw: dict) -> dict:
         try:
             info = load_checkpoint(Path(job.checkpoint), state, stream, spec)
         except CheckpointError as exc:
-            return ProcessReport(error=exc.to_dict()).model_dump(mode="json")
+            return ProcessReport(error=exc.to_dict())
         if hasattr(hook, "after_load"):
             hook.after_load(state, stream, before)
         digest = state_digest(state, stream, spec)
         steps = train(state, stream, spec, job.steps_after)
     return ProcessReport(load=info.to_dict(), digest=digest, steps=steps,
-                         deterministic=DeterminismReport(**det)).model_dump(mode="json")
+                         deterministic=DeterminismReport(**det))
 
 
 if __name__ == "__main__":
     from tunepilot.proc.child import child_main
 
-    sys.exit(child_main(resume))
+    sys.exit(child_main(resume, FreshJob))

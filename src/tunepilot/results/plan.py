@@ -11,6 +11,9 @@ from tunepilot.results.host import HostFit, HostPlan
 
 COMPONENTS = ("weights", "master_weights", "gradients", "optimizer", "activations", "temporary",
               "collective_buffers")
+# what a trace measures per phase: every component but the collective buffers, which the plan
+# adds (DDP's gradient buckets; the runtime's collective library)
+TRACED_COMPONENTS = COMPONENTS[:-1]
 
 
 class Phase(Model):
@@ -29,6 +32,11 @@ class Phase(Model):
     @property
     def total_bytes(self) -> int:
         return sum(getattr(self, f"{c}_bytes") for c in COMPONENTS)
+
+    @classmethod
+    def of(cls, name: str, parts: dict[str, int]) -> Phase:
+        """A phase from its components by name (bytes; a component not given is 0)."""
+        return cls(name=name, **{f"{c}_bytes": int(parts.get(c, 0)) for c in COMPONENTS})
 
     @classmethod
     def make(cls, name: str, weights: int = 0, master_weights: int = 0, gradients: int = 0,

@@ -6,14 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-SCALE_MESSAGE_VERSION = 1
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    version: int = SCALE_MESSAGE_VERSION
+from tunepilot.proc.messages import Message as _Message
 
 
 class ScaleJob(_Message):

@@ -400,7 +400,7 @@ def generative_step(state, next_batch: Callable[[], dict], spec: RunSpec, *,
     r.uses += accum
     model.train()
     for b in batches:
-        stats.useful_tokens += int((b["labels"][:, 1:] != IGNORE_INDEX).sum())
+        stats.useful_tokens += useful_tokens(b)
         stats.padded_tokens += int(b["input_ids"].numel())
     n_step, world = normalizer(batches, dev, spec)
     losses = [micro_step(state, b, spec, n_step / world, stats, split_timing,

@@ -1,8 +1,9 @@
 """The traced memory plan: the spec's real training step, run on fake tensors on a CPU.
 
-`make_traced_plan` builds the user's run (transformers + PEFT, as the pilot builds it, with
-tunepilot.training.build.build_run) on the meta device, turns every parameter and buffer into a fake
-CPU tensor (FakeTensorMode: shapes, dtypes and aliasing, no data) and runs two optimizer steps of
+`traced_plan` (plan/api.py make_plan(spec, "traced")) builds the user's run (transformers +
+PEFT, as the pilot builds it, with tunepilot.training.build.build_run) on the meta device, turns
+every parameter and buffer into a fake CPU tensor (FakeTensorMode: shapes, dtypes and aliasing,
+no data) and runs two optimizer steps of
 tunepilot.training.step's step - forward_loss, backward, update (clip, step, zero_grad, schedule) -
 under `StorageTracker` (plan/trace/tracker.py). The peak of step 2 counts: optimizer state exists
 from step 1. Gradient accumulation: step 2 runs min(accumulation, 3) micro-batches; micro-batches
@@ -40,7 +41,6 @@ import os
 import time
 from pathlib import Path
 
-from tunepilot.catalog import Catalog, load_catalog
 from tunepilot.model.arch import Arch, resolve_model_config
 from tunepilot.plan.analytic.core import (
     analytic_plan,
@@ -54,8 +54,7 @@ from tunepilot.plan.analytic.variants import (
     offloads_activations,
     without_offload,
 )
-from tunepilot.plan.fit import DEFAULT_HEADROOM, fit_card, note_context
-from tunepilot.plan.host import attach_host
+from tunepilot.plan.fit import Planner
 from tunepilot.plan.reserve.core import (
     expandable_segments,
     reserve,
@@ -64,13 +63,12 @@ from tunepilot.plan.reserve.core import (
 )
 from tunepilot.plan.trace.messages import TracedPhase, TraceJob, TraceResult
 from tunepilot.proc.child import ChildFailed, run_child
-from tunepilot.results.plan import MemoryPlan, ParamSplit, Phase
+from tunepilot.results.plan import TRACED_COMPONENTS, MemoryPlan, ParamSplit, Phase
 from tunepilot.spec import RunSpec
 
 # Environment knob (tests and benchmarks; not a user flag).
 ENV_TIMEOUT = "TUNEPILOT_TRACE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 900
-COMPONENTS = ("weights", "master_weights", "gradients", "optimizer", "activations", "temporary")
 
 
 class TraceFailed(Exception):
@@ -80,65 +78,39 @@ class TraceFailed(Exception):
 # ============================================================================ the parent side
 
 
-def make_traced_plan(spec: RunSpec, *, catalog: Catalog | None = None,
-                     card_ids: list[str] | None = None, headroom: float = DEFAULT_HEADROOM,
-                     base_dir: Path | None = None, timeout_s: float | None = None) -> MemoryPlan:
-    """The traced plan of `spec`, fitted against `card_ids` (default: every catalog card).
-
-    Falls back to the analytic plan (fidelity "analytic", the reason first in `assumptions` and
-    in `trace["fallback_reason"]`) when the trace fails for any reason.
-    """
-    catalog = catalog or load_catalog()
+def traced_plan(spec: RunSpec, stack: str, base_dir: Path | None = None,
+                timeout_s: float | None = None) -> tuple[MemoryPlan, Arch, Planner]:
+    """(the traced plan of `spec` on ``stack``, its architecture, the planner of the fit
+    table's inverse queries: the analytic one scaled by the trace). Falls back to the analytic
+    plan (fidelity "analytic", the reason first in `assumptions` and in
+    `trace["fallback_reason"]`) when the trace fails for any reason."""
     config = resolve_model_config(spec, base_dir)
     arch = Arch.from_config(config)
-    from tunepilot.spec.fp8 import cards_for
-
-    cards, left_out = cards_for(spec, catalog, card_ids)
-    stack = cards[0].software_stack if cards else "cuda"
     analytic = analytic_plan(spec, arch, stack)
     t0 = time.perf_counter()
     try:
         plan = traced_plan_from(spec, trace_in_child(spec, config, stack, timeout_s=timeout_s),
                                 analytic, stack, arch)
     except TraceFailed as exc:
-        plan = _fallback(analytic, str(exc))
-    planner = analytic_plan
-    if plan.fidelity == "trace":
-        plan.trace["wall_s"] = round(time.perf_counter() - t0, 2)
-        planner = scaled_planner(plan, analytic)
-    plan.cards = [fit_card(spec, arch, c, planner, headroom, plan) for c in cards]
-    plan.assumptions += left_out
-    note_context(plan, spec, arch)
-    attach_host(plan, spec, arch, cards, headroom)
-    plan.spec_hash = spec.spec_hash()
-    if card_ids:  # cards the user chose: a colocated vLLM that leaves no room is bad input
-        from tunepilot.plan.analytic.phases import check_generation_room
-
-        check_generation_room(spec, plan, headroom)
-    return plan
+        return _fallback(analytic, str(exc)), arch, analytic_plan
+    plan.trace["wall_s"] = round(time.perf_counter() - t0, 2)
+    return plan, arch, scaled_planner(plan, analytic)
 
 
 def trace_in_child(spec: RunSpec, config: dict, stack: str, *,
                    timeout_s: float | None = None) -> TraceResult:
     """Run `trace_step` in a fresh Python process; its result, or TraceFailed with the reason
     (also when the result is not one this version can read)."""
-    from pydantic import ValidationError
-
-    timeout = float(timeout_s or os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
     from tunepilot.plan.trace.parallel import trace_target
     from tunepilot.spec.fp8 import bf16_stand_in
 
+    timeout = float(timeout_s or os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
     target, config = trace_target(spec, config, Arch.from_config(config))
     job = TraceJob(spec=bf16_stand_in(target).model_dump(mode="json"), config=config,
                    stack=stack)
     try:
-        raw = run_child("tunepilot.plan.trace.step", job.model_dump(mode="json"),
-                        timeout_s=timeout, what="the trace process")
-        raw.pop("status", None)
-        return TraceResult.model_validate(raw)
-    except ValidationError as exc:
-        raise TraceFailed(f"the trace's result could not be read ("
-                          f"{str(exc).splitlines()[0]})") from None
+        return run_child("tunepilot.plan.trace.step", job, TraceResult, timeout_s=timeout,
+                         what="the trace process")
     except ChildFailed as exc:
         reason = exc.reason
         if "took longer" in reason:
@@ -156,31 +128,11 @@ def _fallback(analytic: MemoryPlan, reason: str) -> MemoryPlan:
     return plan
 
 
-def traced_peak_for_benchmark(spec: RunSpec, arch: Arch, config: dict | None = None) -> dict:
-    """The traced figures benchmarks/plan_accuracy.py compares against published peaks: the
-    allocated, reserved and device peaks of one CUDA device, and a note (the attention path, or
-    the reason the trace fell back, in which case the peaks are absent)."""
-    config = config or resolve_model_config(spec)
-    analytic = analytic_plan(spec, arch, "cuda")
-    try:
-        plan = traced_plan_from(spec, trace_in_child(spec, config, "cuda"), analytic, "cuda",
-                                arch)
-    except TraceFailed as exc:
-        return {"note": f"fallback: {exc}"}
-    d = plan.per_device
-    return {"allocated_peak_bytes": d.allocated_peak_bytes,
-            "reserved_peak_bytes": d.reserved_peak_bytes,
-            "device_peak_bytes": d.device_peak_bytes, "peak_phase": plan.peak_phase,
-            "note": plan.trace.get("attention_path", "").split(":")[0],
-            "fsdp": (plan.trace.get("fsdp") or {}).get("how"),
-            "child_wall_s": plan.trace.get("child_wall_s")}
-
-
 # ---------------------------------------------------------------------------- building the plan
 
 
 def _phase_bytes(p: TracedPhase) -> dict:
-    return {c: getattr(p, f"{c}_bytes") for c in COMPONENTS}
+    return {c: getattr(p, f"{c}_bytes") for c in TRACED_COMPONENTS}
 
 
 def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stack: str,
@@ -243,7 +195,7 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
         buckets = raw.model.trainable_bytes
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
                      "gradient_as_bucket_view=False) added to every phase")
-    phases = [Phase.make(p["name"], *(p[c] for c in COMPONENTS), buckets) for p in phases_in]
+    phases = [Phase.of(p["name"], dict(p, collective_buffers=buckets)) for p in phases_in]
     peak = max(phases, key=lambda p: p.total_bytes)
     load_peak = analytic.per_device.load_peak_bytes
     a = raw.allocator
@@ -426,7 +378,7 @@ def _fp8_on_trace(spec: RunSpec, arch: Arch | None, stack: str, phases: list[dic
                  if name.startswith("optimizer") else name if name in fp8 else None)
         q = dict(p)
         if match is not None:
-            for c in COMPONENTS:
+            for c in TRACED_COMPONENTS:
                 delta = getattr(fp8[match], f"{c}_bytes") - getattr(bf16[match], f"{c}_bytes")
                 q[c] = max(0, p[c] + delta)
         out.append(q)

@@ -159,7 +159,7 @@ def fsdp1_init_events(model, tracker, offload: bool) -> tuple[list[list[int]], s
         events.append([1, ident, flat._unpadded_unsharded_size.numel() * size, 0])
         flat_id, ident = ident, ident - 1
         events += [[-1, i, 0, 0] for i in params]
-        rec = tracker._recs.get(flat.untyped_storage()._cdata)
+        rec = tracker.record_of_storage(flat.untyped_storage())
         if rec is not None and not offload and rec.event >= 0:
             events.append(list(tracker.events[rec.event]))
             taken.add(tracker.events[rec.event][1])

@@ -7,17 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-TRACE_MESSAGE_VERSION = 1
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from tunepilot.proc.messages import Message as _Message
 
 
 class TraceJob(_Message):
-    version: int = TRACE_MESSAGE_VERSION
     spec: dict[str, Any]
     config: dict[str, Any]
     stack: str
@@ -72,7 +67,6 @@ class TracedModel(_Message):
 class TraceResult(_Message):
     """Two optimizer steps traced; the peaks of step 2 by phase, and how they were found."""
 
-    version: int = TRACE_MESSAGE_VERSION
     phases: list[TracedPhase]
     peak_bytes: int
     peak_raw_bytes: int
@@ -103,4 +97,4 @@ class TraceResult(_Message):
             "attention_path", "attention_kernel", "optimizer_impl", "step1_peak_bytes",
             "micro_batch_peaks_bytes", "accumulation_peak_stable", "peak_raw_bytes", "num_ops",
             "child_wall_s", "child_peak_rss_bytes", "saved_bytes_at_peak", "traced_on",
-            "allocator", "world_size", "fsdp_version"})
+            "allocator", "world_size", "fsdp_version"}, exclude={"allocator": {"version"}})

@@ -42,6 +42,6 @@ def replayed(tracker: StorageTracker, spec, model, train_events: int,
 def offloaded_events(tracker: StorageTracker, events: list, buffer_seqs: set[int]) -> list:
     """The allocation log as the device sees it under CPU offload: without the sharded states
     (parameters other than buffers, gradients, optimizer state), which live on the host."""
-    host = {rec.seq for rec in tracker._recs.values()
+    host = {rec.seq for rec in tracker.records()
             if rec.cat in MODEL_STATE and rec.seq not in buffer_seqs}
     return [e for e in events if e[1] < 0 or e[1] // 64 not in host]

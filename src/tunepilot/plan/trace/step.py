@@ -243,8 +243,7 @@ def buffer_seqs(tracker: StorageTracker, model) -> list[int]:
     """The tracker's record numbers of the model's buffers (FSDP keeps them on the device)."""
     out = []
     for b in model.buffers():
-        st = tracker._storage(b)
-        rec = tracker._recs.get(st._cdata) if st is not None else None
+        rec = tracker.record_of(b)
         if rec is not None:
             out.append(rec.seq)
     return out
@@ -579,14 +578,12 @@ def attention_path(tracker: StorageTracker) -> tuple[str, str]:
             "(the target card's flash kernel would not)", "math")
 
 
-def handle(job: dict) -> dict:
+def handle(job: TraceJob) -> TraceResult:
     """The child's work: trace the job's spec on fake tensors."""
-    j = TraceJob.model_validate(job)
-    return trace_step(RunSpec.model_validate(j.spec), j.config, j.stack,
-                      fake=True).model_dump(mode="json")
+    return trace_step(RunSpec.model_validate(job.spec), job.config, job.stack, fake=True)
 
 
 if __name__ == "__main__":
     from tunepilot.proc.child import child_main
 
-    sys.exit(child_main(handle))
+    sys.exit(child_main(handle, TraceJob))

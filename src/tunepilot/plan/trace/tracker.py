@@ -94,7 +94,10 @@ class Peak:
                     f"{c}_bytes": self.by_category.get(c, 0) for c in CATEGORIES}}
 
 
-class _Rec:
+class StorageRecord:
+    """One tracked storage: its bytes (rounded to the allocator's blocks, and raw), category,
+    allocation order (seq), label and the index of its allocation event in the log."""
+
     __slots__ = ("nbytes", "raw", "storage_nbytes", "cat", "seq", "classified", "saved", "cast",
                  "ref", "label", "parts", "event")
 
@@ -144,7 +147,7 @@ class StorageTracker(TorchDispatchMode):
         self.region = "idle"
         self.region_peaks: dict[str, int] = {}
         self.marks: dict[str, int] = {}  # live bytes when each mark was first reached
-        self._recs: dict[int, _Rec] = {}
+        self._recs: dict[int, StorageRecord] = {}
         self.live_bytes = 0
         self.live_raw_bytes = 0
         self.by_category = dict.fromkeys(CATEGORIES, 0)
@@ -157,7 +160,21 @@ class StorageTracker(TorchDispatchMode):
         self._open: list[Peak] = []
         self.peaks: list[Peak] = []  # closed windows, in order
         self._in_forward = False
-        self._forward_recs: list[_Rec] = []
+        self._forward_recs: list[StorageRecord] = []
+
+    # --- the public view of what is tracked ---------------------------------------------------
+    def record_of(self, t: torch.Tensor) -> StorageRecord | None:
+        """The record of ``t``'s storage (None: not tracked, or not on the tracked device)."""
+        st = self._storage(t)
+        return None if st is None else self._recs.get(st._cdata)
+
+    def record_of_storage(self, st) -> StorageRecord | None:
+        """The record of an untyped storage (None: not tracked)."""
+        return self._recs.get(st._cdata)
+
+    def records(self) -> list[StorageRecord]:
+        """Every live record."""
+        return list(self._recs.values())
 
     # --- registration ------------------------------------------------------------------------
     def _storage(self, t):
@@ -169,13 +186,13 @@ class StorageTracker(TorchDispatchMode):
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested: no one storage
             return None
 
-    def _new(self, st, cat: str, classified: bool, parts: list[int] | None = None) -> _Rec:
+    def _new(self, st, cat: str, classified: bool, parts: list[int] | None = None) -> StorageRecord:
         st_nb = st.nbytes()
         raw = st_nb if parts is None else sum(parts)
         nb = (round_block(raw, self.block_bytes) if parts is None
               else sum(round_block(x, self.block_bytes) for x in parts))
         self.seq += 1
-        rec = _Rec(nb, raw, st_nb, cat, self.seq, classified)
+        rec = StorageRecord(nb, raw, st_nb, cat, self.seq, classified)
         rec.parts = parts
         self._log_alloc(rec)
         key = st._cdata
@@ -222,7 +239,7 @@ class StorageTracker(TorchDispatchMode):
         elif not rec.classified:
             self._classify(rec, cat)
 
-    def _classify(self, rec: _Rec, cat: str) -> None:
+    def _classify(self, rec: StorageRecord, cat: str) -> None:
         old = rec.cat
         rec.cat, rec.classified = cat, True
         if old == cat:
@@ -242,7 +259,7 @@ class StorageTracker(TorchDispatchMode):
                 if cast_act:
                     p.weight_cast_activations_bytes += rec.nbytes
 
-    def _free(self, key: int, rec: _Rec) -> None:
+    def _free(self, key: int, rec: StorageRecord) -> None:
         if self._recs.get(key) is rec:
             del self._recs[key]
         self._log_free(rec)
@@ -258,7 +275,7 @@ class StorageTracker(TorchDispatchMode):
             if rec.cat == "activations":
                 self.weight_cast_activations_bytes -= rec.nbytes
 
-    def _resized(self, rec: _Rec, st_nb: int) -> None:
+    def _resized(self, rec: StorageRecord, st_nb: int) -> None:
         raw = st_nb if rec.raw == rec.storage_nbytes else rec.raw * st_nb // max(rec.storage_nbytes, 1)
         self._log_free(rec)  # the allocator frees the old block and allocates the new size
         rec.storage_nbytes = st_nb
@@ -274,7 +291,7 @@ class StorageTracker(TorchDispatchMode):
         self._note_peak()
 
     # --- labels, resizes and the allocation log -------------------------------------------------
-    def _log_alloc(self, rec: _Rec) -> None:
+    def _log_alloc(self, rec: StorageRecord) -> None:
         if self.events is None or rec.raw <= 0:
             rec.event = -1
             return
@@ -283,7 +300,7 @@ class StorageTracker(TorchDispatchMode):
         for i, part in enumerate(rec.parts or [rec.raw]):
             self.events.append([1, rec.seq * 64 + i, part, stream])
 
-    def _log_free(self, rec: _Rec) -> None:
+    def _log_free(self, rec: StorageRecord) -> None:
         if self.events is None or rec.event < 0:
             return
         for i in range(len(rec.parts or [rec.raw])):
@@ -298,7 +315,7 @@ class StorageTracker(TorchDispatchMode):
         if rec is not None and not rec.label:
             self._set_label(rec, name)
 
-    def _set_label(self, rec: _Rec, name: str) -> None:
+    def _set_label(self, rec: StorageRecord, name: str) -> None:
         rec.label = name
         self.label_bytes[name] = self.label_bytes.get(name, 0) + rec.nbytes
         if self.events is not None and rec.event >= 0 and name in self.stream_of_label:
@@ -344,7 +361,7 @@ class StorageTracker(TorchDispatchMode):
         if rec is not None:
             self._label_unsharded(rec)
 
-    def _label_unsharded(self, rec: _Rec) -> None:
+    def _label_unsharded(self, rec: StorageRecord) -> None:
         if rec.label is None:
             self._set_label(rec, UNSHARDED)
         if rec.cat != "temporary":  # working memory FSDP frees again, not a saved activation
@@ -463,7 +480,7 @@ class StorageTracker(TorchDispatchMode):
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
-    def _unsave(self, rec: _Rec) -> None:
+    def _unsave(self, rec: StorageRecord) -> None:
         rec.saved -= 1
         if rec.saved == 0 and rec.cat not in MODEL_STATE and rec.ref() is not None:
             self.saved_bytes -= rec.nbytes
