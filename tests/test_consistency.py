@@ -20,27 +20,25 @@ EXAMPLES = ROOT / "examples"
 CAT = load_catalog()
 CARD = "h100-sxm-80gb"
 
-# a spec per objective; the tiny examples where tunepilot's own step runs them (SFT, DPO, GRPO)
+# a spec per objective: the tiny examples, and KTO and a reward model on the shipped pairs
 TINY = {"sft": "tiny.yaml", "dpo": "tiny-dpo.yaml", "grpo": "tiny-grpo.yaml"}
-PLANNED_ONLY = {  # the pilot refuses these (its own step runs SFT, the DPO family and GRPO)
-    "kto": {"objective": {"kind": "kto"}, "data": {"source": "synthetic"}},
-    "reward": {"objective": {"kind": "reward"}, "data": {"source": "synthetic"},
+PAIRS = {  # tiny-dpo.yaml with another objective (KTO unpairs the pairs; a reward model scores them)
+    "kto": {"objective": {"kind": "kto"}},
+    "reward": {"objective": {"kind": "reward"},
                "model": {"preset": "tiny", "task": "sequence-classification", "num_labels": 1}},
 }
+KINDS = list(TINY) + list(PAIRS)
 
 
 def _tiny(kind: str):
     return load_spec(EXAMPLES / TINY[kind])
 
 
-def _planned(kind: str):
-    base = load_spec(EXAMPLES / "tiny-dpo.yaml").model_dump(mode="json")
-    base.pop("target")
-    return spec_from_dict({**base, **PLANNED_ONLY[kind], "name": f"tiny-{kind}"})
-
-
 def _spec_of(kind: str):
-    return _tiny(kind) if kind in TINY else _planned(kind)
+    if kind in TINY:
+        return _tiny(kind)
+    base = load_spec(EXAMPLES / "tiny-dpo.yaml").model_dump(mode="json")
+    return spec_from_dict({**base, **PAIRS[kind], "name": f"tiny-{kind}"})
 
 
 def _quote(spec, count: int = 1):
@@ -50,7 +48,7 @@ def _quote(spec, count: int = 1):
 
 # --- token positions per optimizer step ---------------------------------------------------------
 
-@pytest.mark.parametrize("kind", list(TINY) + list(PLANNED_ONLY))
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_quote_and_the_plan_count_the_same_positions_per_step(kind):
     spec = _spec_of(kind)
     plan = make_plan(spec, catalog=CAT, card_ids=[CARD], base_dir=EXAMPLES)
@@ -81,15 +79,15 @@ def test_a_pair_is_two_sequences_on_every_card_count():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", list(TINY))
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_pilot_counts_the_positions_the_quote_and_plan_count(kind, tmp_path):
-    """A real CPU pilot of the tiny example: its positions per step are the plan's and the
+    """A real CPU pilot of each objective: its positions per step are the plan's and the
     quote's, and the positions its measured batches held never exceed them (equal with
     synthetic data: no padding)."""
     from tunepilot.pilot.runner import run_pilot
     from tunepilot.pilot.session import PilotOptions
 
-    spec = _tiny(kind)
+    spec = _spec_of(kind)
     res = run_pilot(spec, tmp_path / kind, PilotOptions(steps=1, device="cpu",
                                                         base_dir=EXAMPLES))
     plan = make_plan(spec, catalog=CAT, card_ids=[CARD], base_dir=EXAMPLES)
@@ -101,29 +99,23 @@ def test_the_pilot_counts_the_positions_the_quote_and_plan_count(kind, tmp_path)
         assert padded == [per_step] * len(padded)
 
 
-@pytest.mark.parametrize("kind", list(PLANNED_ONLY))
-def test_the_pilot_refuses_what_it_cannot_count(kind, tmp_path):
-    from tunepilot.errors import UserError
-    from tunepilot.pilot.runner import run_pilot
-    from tunepilot.pilot.session import PilotOptions
-
-    with pytest.raises(UserError, match="tunepilot's own pilot"):
-        run_pilot(_planned(kind), tmp_path / kind, PilotOptions(steps=1, device="cpu"))
-
-
 # --- steps per epoch ----------------------------------------------------------------------------
 
-EPOCH_SPECS = ["tiny-chat.yaml", "tiny-dpo.yaml", "tiny-grpo.yaml"]
+def _epoch_spec(kind: str):
+    """The spec of ``kind`` with a target in epochs of its dataset (sft: the tiny chat set)."""
+    if kind == "sft":
+        return load_spec(EXAMPLES / "tiny-chat.yaml")
+    return _spec_of(kind).with_changes(target={"epochs": 1})
 
 
-@pytest.mark.parametrize("name", EPOCH_SPECS)
-def test_data_quote_and_report_show_the_same_steps_per_epoch(name, tmp_path):
+@pytest.mark.parametrize("kind", ["sft", "dpo", "grpo", "kto", "reward"])
+def test_data_quote_and_report_show_the_same_steps_per_epoch(kind, tmp_path):
     from tunepilot.dataset.profile import profile_dataset
     from tunepilot.model.arch import resolve_arch
     from tunepilot.report.html import build_report
     from tunepilot.store import RunDir
 
-    spec = load_spec(EXAMPLES / name)
+    spec = _epoch_spec(kind)
     profile = profile_dataset(spec, resolve_arch(spec, EXAMPLES).vocab_size, EXAMPLES)
     run = RunDir(tmp_path / "run")
     run.write(profile, spec.spec_hash())
@@ -139,14 +131,14 @@ def test_data_quote_and_report_show_the_same_steps_per_epoch(name, tmp_path):
     assert f"<td>steps per epoch</td><td class=\"num\">{steps:,}</td>" in html
 
 
-@pytest.mark.parametrize("name, world", [("tiny-chat.yaml", 1), ("tiny-chat.yaml", 2),
-                                         ("tiny-dpo.yaml", 2), ("tiny-grpo.yaml", 1)])
-def test_the_epoch_rule_is_what_the_loader_draws(name, world):
+@pytest.mark.parametrize("kind, world", [("sft", 1), ("sft", 2), ("dpo", 2), ("grpo", 1),
+                                         ("kto", 2), ("reward", 1)])
+def test_the_epoch_rule_is_what_the_loader_draws(kind, world):
     """spec/batch.py's epoch rule against the real loader (dataset/loader.py make_loader) on
     rank 0 of ``world``: its batches per epoch, and the optimizer steps the stream makes."""
     from tunepilot.dataset import build_dataset, make_loader
 
-    spec = load_spec(EXAMPLES / name)
+    spec = _epoch_spec(kind)
     ds, info = build_dataset(spec, 512, EXAMPLES)
     split = spec.batch.on(world, exact=False)
     loader = make_loader(spec, ds, info, micro_batch_size=spec.batch.loader_batch(split),
@@ -185,7 +177,7 @@ def _term(q, name: str):
     return next(t for t in q.time_terms if t.name == name)
 
 
-@pytest.mark.parametrize("kind", list(TINY) + list(PLANNED_ONLY))
+@pytest.mark.parametrize("kind", KINDS)
 def test_quote_and_host_plan_count_the_same_load_and_export_bytes(kind):
     from tunepilot.model.arch import resolve_arch
     from tunepilot.model.flops import checkpoint_bytes, export_bytes, load_bytes
@@ -215,7 +207,8 @@ def test_export_copies_what_the_quote_and_host_plan_count(tmp_path):
     from tunepilot.results.figure import Figure
     from tunepilot.results.pilot import DeviceBlock, PilotResult, Throughput, Timings
     from tunepilot.store import RunDir
-    from tunepilot.training.step import build_run, train_step
+    from tunepilot.training.build import build_run
+    from tunepilot.training.step import train_step
 
     spec = _tiny("sft")
     torch.manual_seed(0)
