@@ -69,9 +69,10 @@ def main() -> int:
     if reason:
         print(f"skipped: {reason}")
         return 0
+    from plan_accuracy import traced_peak  # benchmarks/ is on sys.path when run as a script
     from tunepilot.model.arch import resolve_arch
+    from tunepilot.model.arch.files import resolve_model_config
     from tunepilot.plan.analytic.core import analytic_plan
-    from tunepilot.plan.trace.core import traced_peak_for_benchmark
     from tunepilot.spec import load_spec, spec_from_dict
 
     specs = [load_spec(sys.argv[1])] if len(sys.argv) > 1 else [spec_from_dict(d)
@@ -80,7 +81,7 @@ def main() -> int:
         arch = resolve_arch(spec)
         got = measure(spec)
         plan = analytic_plan(spec, arch).per_device
-        traced = traced_peak_for_benchmark(spec, arch)
+        traced = traced_peak(spec, arch, resolve_model_config(spec))
         for key in ("allocated_peak_bytes", "reserved_peak_bytes"):
             m, a = got[key], getattr(plan, key)
             t = traced.get(key)
