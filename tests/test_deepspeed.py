@@ -110,6 +110,15 @@ def test_zero_offload_leaves_only_the_working_set_on_the_device():
     assert off.per_device.optimizer_bytes == off.per_device.master_weights_bytes == 0
     assert off.per_device.allocated_peak_bytes < on.per_device.allocated_peak_bytes
     assert any("offload_optimizer cpu" in n for n in off.assumptions)
+    # the host plan holds what left the device
+    from tunepilot.plan.api import make_plan
+
+    spec = spec_from_dict({"model": {"preset": "llama-3.2-1b"}, "method": {"kind": "full"},
+                           "parallel": {"strategy": "deepspeed", "devices": 8, "deepspeed": {
+                               "stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}}})
+    host = {c.name: c for c in make_plan(spec, card_ids=["h100-sxm-80gb"]).host.components}
+    n = off.params.total
+    assert 12 * n // 8 < host["zero offload"].bytes_per_rank < 20 * n // 8  # ~16 B/param / 8
 
 
 def test_deepspeed_settings_need_the_deepspeed_strategy_and_stage_3_for_param_offload():

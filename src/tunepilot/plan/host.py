@@ -159,6 +159,26 @@ def _load(spec: RunSpec, arch: Arch, lay: Layout, load: str, notes: list[str]) -
                          "in the node's page cache once, shared by its ranks")
 
 
+def _zero_offload(spec: RunSpec, arch: Arch, stack: str, lay: Layout) -> list[HostComponent]:
+    """DeepSpeed ZeRO-Offload / ZeRO-Infinity to the CPU: what each rank's offload_optimizer /
+    offload_param move to host memory (plan/analytic/parallel.py zero_states), pinned."""
+    ds = spec.parallel.deepspeed
+    if lay.strategy != "deepspeed" or "cpu" not in (ds.offload_optimizer, ds.offload_param):
+        return []
+    from tunepilot.plan.analytic.core import offloaded_bytes
+
+    each = offloaded_bytes(spec, arch, stack)
+    if not each:
+        return []
+    n = lay.per_node
+    return [HostComponent(
+        name="zero offload", bytes_per_rank=each, holders=n, bytes_per_node=each * n,
+        phases=[TRAIN, SAVE], pinned=True,
+        how=f"DeepSpeed ZeRO-{ds.stage} offload (optimizer: {ds.offload_optimizer}, "
+            f"parameters: {ds.offload_param}): master weights, optimizer state, gradient and "
+            "parameter partitions in host memory, pinned")]
+
+
 def _offloads(spec: RunSpec, arch: Arch, stack: str, lay: Layout, notes: list[str]
               ) -> list[HostComponent]:
     out = []
@@ -175,6 +195,7 @@ def _offloads(spec: RunSpec, arch: Arch, stack: str, lay: Layout, notes: list[st
     elif spec.parallel.cpu_offload:
         notes.append(f"parallel.cpu_offload applies to FSDP; under {lay.strategy} nothing is "
                      "offloaded")
+    out += _zero_offload(spec, arch, stack, lay)
     if spec.activation_offloading:
         cb, sb, _ = precision_bytes(spec)
         tokens = lay.micro_batch_size * spec.sequence_length

@@ -170,21 +170,32 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: States, cb: int, sb: int) ->
     return Phase.make("validation", s.weights, s.master, 0, s.optim, 0, transient, s.buckets)
 
 
+def _rank_states(spec: RunSpec, arch: Arch, stack: str):
+    """(the rank's view, its parameters, counts and states after the parallel strategy)."""
+    view = rank_view(spec, arch)
+    cb, _, _ = precision_bytes(view.step_spec)
+    rank_params = split_params(view.states_arch, spec)
+    counts = task_counts(view.states_arch, spec)
+    s = model_states(spec, view.states_arch, stack, rank_params, counts)
+    s = parallelize(spec, view.states_arch, s, counts, rank_params, cb)
+    return view, rank_params, counts, s
+
+
+def offloaded_bytes(spec: RunSpec, arch: Arch, stack: str = "cuda") -> int:
+    """Bytes of model states one rank's DeepSpeed offload moves to host memory (the host plan)."""
+    return _rank_states(spec, arch, stack)[3].host
+
+
 def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
     """Plan one device's memory for the spec, for a card whose software stack is `stack`:
     the rank's slice of the model (tensor parallel), its share of the states (DDP, FSDP,
     ZeRO) and the step it computes (its tokens under context/sequence parallel, DeepSpeed's
     16-bit module) - plan/analytic/parallel.py."""
-    view = rank_view(spec, arch)
+    view, rank_params, counts, s = _rank_states(spec, arch, stack)
     step = view.step_spec
-    cb, _, _ = precision_bytes(step)
     params = split_params(arch, spec)
-    rank_params = split_params(view.states_arch, spec)
-    counts = task_counts(view.states_arch, spec)
     N = spec.parallel.world_size
     shard = spec.parallel.state_shards
-    s = model_states(spec, view.states_arch, stack, rank_params, counts)
-    s = parallelize(spec, view.states_arch, s, counts, rank_params, cb)
     s.notes = view.notes + s.notes
     phases, largest = _timeline(step, view.step_arch, s)
     load_peak = _load_peak(spec, counts, s, largest, shard)
