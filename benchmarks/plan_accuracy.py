@@ -243,8 +243,10 @@ def traced_peak(spec, arch: Arch, config: dict) -> dict:
     """The traced figures compared against published peaks: the allocated, reserved and device
     peaks of one CUDA device, and a note (the attention path, or the reason the trace fell back,
     in which case the peaks are absent)."""
+    from tunepilot.model.arch.files import resolve_model_config
     from tunepilot.plan.trace.core import TraceFailed, trace_in_child, traced_plan_from
 
+    config = config or resolve_model_config(spec)  # a preset row: the preset's config
     try:
         plan = traced_plan_from(spec, trace_in_child(spec, config, "cuda"),
                                 analytic_plan(spec, arch, "cuda"), "cuda", arch)
