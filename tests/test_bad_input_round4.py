@@ -158,3 +158,26 @@ def test_a_deeply_nested_flow_spec_is_refused_before_the_parser_recurses(tmp_pat
     code, _, err = run_cli("plan", p, "--card", "h100")
     assert code == 2 and "nested more than 64 levels deep" in err
     assert _flow_depth("a: '[[['\nb: \"{{\"\nc: [1, [2, {d: 3}]]  # [[[[\n") == 3
+
+
+@pytest.mark.parametrize("target,words", [
+    ({"tokens": 1e-300}, "target.tokens: is 1e-300 but must be at least 1"),
+    ({"epochs": 1e-300, "dataset_tokens": 1e9}, "target.epochs"),
+    ({"epochs": 1, "dataset_tokens": 0.5}, "target.dataset_tokens"),
+])
+def test_a_target_under_one_token_is_refused_naming_the_field(tmp_path, target, words):
+    # the fuzzer's seed 20261206 (spec, case 469): 1e-300 tokens ended in decimal's
+    # InvalidOperation when the quote divided the term's cost by them
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"model": {"preset": "tiny"}, "target": target}))
+    code, _, err = run_cli("quote", spec, "--card", "h100", "--count", "1")
+    assert code == 2 and words in err and "Traceback" not in err
+
+
+def test_the_cost_per_million_keeps_its_digits_for_any_term_over_any_useful_output():
+    from decimal import Decimal
+
+    from tunepilot.cost.quote import _cost_per_million
+
+    assert _cost_per_million(10**12, 1e-6) == Decimal("1e22")  # $1e10 over a millionth of a token, per million
+    assert _cost_per_million(0, 1.0) == 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 from pathlib import Path
 
 from tunepilot.catalog import Card, Catalog, load_catalog
@@ -293,8 +293,10 @@ def _cost_per_million(cents: int | Decimal, tokens: float) -> Decimal | None:
     cents, or two significant digits under a dollar): $6.544999 shows as $6.54, not $6.55."""
     if tokens <= 0:
         return None
-    usd = Decimal(cents) / 100 * Decimal(10**6) / Decimal(repr(float(tokens)))
-    return usd.quantize(_USD_PER_M, rounding=ROUND_HALF_UP)
+    with localcontext() as dec:  # digits enough for any term over one useful token
+        dec.prec = 80
+        usd = Decimal(cents) / 100 * Decimal(10**6) / Decimal(repr(float(tokens)))
+        return usd.quantize(_USD_PER_M, rounding=ROUND_HALF_UP)
 
 
 def _terms(card: Card, count: int, job: Figure, term_s: int | None, options: dict):

@@ -232,9 +232,9 @@ class TargetSpec(_Strict):
     supervised tokens come from `tunepilot data`'s profile, or dataset_tokens), or a number of
     optimizer steps (a trainer's max_steps)."""
 
-    tokens: float | None = Field(default=None, gt=0, le=1e18, allow_inf_nan=False)
-    epochs: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
-    dataset_tokens: float | None = Field(default=None, gt=0, le=1e18, allow_inf_nan=False)
+    tokens: float | None = Field(default=None, ge=1, le=1e18, allow_inf_nan=False)
+    epochs: float | None = Field(default=None, ge=1e-6, le=1e6, allow_inf_nan=False)
+    dataset_tokens: float | None = Field(default=None, ge=1, le=1e18, allow_inf_nan=False)
     steps: int | None = Field(default=None, gt=0, le=10**12)
     """optimizer steps (HF's max_steps): the useful tokens are steps x tokens per step x the
     useful fraction"""
