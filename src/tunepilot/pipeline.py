@@ -75,7 +75,12 @@ class Ctx:
 
     @property
     def nproc(self) -> int:
-        return self.options.nproc or _device_count()
+        """--nproc, else the sharded pilot's ranks, else the GPUs here."""
+        if self.options.nproc:
+            return self.options.nproc
+        pilot = self.results.get("pilot") or self.run.read_if(PilotResult)
+        ranks = pilot.world_size if pilot is not None else 1
+        return ranks if ranks > 1 else _device_count()
 
 
 @dataclass(frozen=True)
@@ -205,20 +210,31 @@ def _gate_pilot(c: Ctx, pilot: PilotResult) -> Gate:
     tps = pilot.throughput.useful_tokens_per_s.value
     rate = "throughput not measured" if tps is None else \
         f"{fmt_rate(tps, 'useful tokens/s')} (measured)"
+    where = f"the local {pilot.device.kind.upper()} ({pilot.device.name})"
+    if pilot.world_size > 1:
+        peaks = ", ".join(f"{fmt_bytes(r.allocated_peak_bytes.value)}"
+                          + (f" ({r.plan_ratio.value:.0%} of plan)"
+                             if r.plan_ratio.value is not None else "")
+                          for r in pilot.ranks if r.allocated_peak_bytes.value is not None)
+        where = (f"{pilot.world_size} FSDP ranks on {where}; allocated peak per rank "
+                 f"{peaks} (measured)")
+        limit = c.options.memory_limit_bytes
+        over = [r.rank for r in pilot.ranks if limit and (r.tracked_peak_bytes.value or 0) > limit]
+        if over:
+            return _failed("pilot", f"ranks {over} passed --memory-limit {fmt_bytes(limit)}")
+        rate += " per device"
     ci = pilot.steps.ci95_relative.value
     if ci is not None and ci > INCONCLUSIVE_CI:
         cv = pilot.step_time.cv.value
         spread = f", step times vary {cv:.0%} (CV)" if cv is not None else ""
-        return _inconclusive("pilot", f"fits on the local {pilot.device.kind.upper()} "
-                             f"({pilot.device.name}), but the mean step time is known only to "
-                             f"+-{ci:.0%} (95% CI{spread}): too wide to tell the job's time "
+        return _inconclusive("pilot", f"fits on {where}, but the mean step time is known only "
+                             f"to +-{ci:.0%} (95% CI{spread}): too wide to tell the job's time "
                              f"apart; {RERUN}")
     conf = pilot.steps.confidence
     if conf and not conf.startswith("converged"):
         c.warnings.append(f"pilot: {conf}")
         rate += f"; {conf}"
-    return _passed("pilot", f"full steps on the longest batch on the local "
-                            f"{pilot.device.kind.upper()} ({pilot.device.name}): {rate}")
+    return _passed("pilot", f"full steps on the longest batch on {where}: {rate}")
 
 
 def _reuse_pilot(c: Ctx, _pilot: PilotResult) -> str | None:
@@ -228,11 +244,28 @@ def _reuse_pilot(c: Ctx, _pilot: PilotResult) -> str | None:
 # --- 3. restore --------------------------------------------------------------------------------
 
 
+def restore_ranks(c: Ctx) -> int:
+    """The ranks the restore proof runs on: the pilot's (a sharded pilot: its FSDP ranks, one
+    sharded DCP checkpoint), else one process."""
+    pilot = c.results.get("pilot") or c.run.read_if(PilotResult)
+    return pilot.world_size if pilot is not None else 1
+
+
 def _run_restore(c: Ctx) -> RestoreResult:
+    k, m = c.options.restore_steps
+    n = restore_ranks(c)
+    if n > 1:
+        from tunepilot.pilot.prepare import sharded_spec
+        from tunepilot.restore.sharded import verify_sharded_restore
+
+        c.say(f"restore: {n} FSDP ranks save one sharded checkpoint, a fresh process group of "
+              f"{n} resumes it, compare every rank")
+        spec, _ = sharded_spec(c.spec, n)
+        return verify_sharded_restore(spec, n, k, m, c.run.path, base_dir=c.options.base_dir,
+                                      progress=lambda msg: c.say(f"restore: {msg}"))
     from tunepilot.restore import verify_restore
 
     c.say("restore: save, resume in a fresh process, compare the continuation")
-    k, m = c.options.restore_steps
     return verify_restore(c.spec, k, m, c.run.path, base_dir=c.options.base_dir,
                           catalog=c.catalog, check_memory=c.options.check_memory,
                           progress=lambda msg: c.say(f"restore: {msg}"))
@@ -242,9 +275,11 @@ def _gate_restore(c: Ctx, restore: RestoreResult) -> Gate:
     if not restore.passed:
         bad = ", ".join(restore.failed_components) or "the continuation"
         return _failed("restore", f"restore failed on {bad}")
-    names = [ch.name for ch in restore.components]
-    return _passed("restore", f"{len(names)} components restored in a fresh process and the "
-                              f"continuation identical ({', '.join(names)})")
+    names = list(dict.fromkeys(ch.name for ch in restore.components))
+    where = f"on {restore.nproc} ranks (sharded DCP) in a fresh process group" \
+        if (restore.nproc or 1) > 1 else "in a fresh process"
+    return _passed("restore", f"{len(names)} components restored {where} and the continuation "
+                              f"{restore.tolerance or 'identical'} ({', '.join(names)})")
 
 
 def _reuse_restore(c: Ctx, restore: RestoreResult) -> str | None:
@@ -268,13 +303,34 @@ def _scale_needed(c: Ctx) -> str | None:
     return "one device here and no --nproc: multi-card throughput in the quote is projected"
 
 
+def _scale_ranks(c: Ctx) -> int:
+    """The scaling stage's ranks: c.nproc, but on a CPU without --nproc (the sharded pilot's
+    ranks) no more than the cores this process may use - the scaling test gives each CPU rank
+    a core of its own (scaling/preflight.py), the pilot measures memory and may share them."""
+    import os
+
+    n = c.nproc
+    if c.options.nproc or _device_count() > 0:
+        return n
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    if n > cores:
+        c.warnings.append(f"scale: {cores} rank(s), not the pilot's {n}: the scaling test gives "
+                          f"each CPU rank a core of its own and this process may use {cores}")
+        return cores
+    return n
+
+
 def _run_scale(c: Ctx) -> ScalingResult:
     from tunepilot.scaling.runner import scale
 
-    c.say(f"scale: torchrun, 1 rank vs {c.nproc} ranks, DDP and FSDP, same global batch")
-    return scale(c.spec, c.nproc, ("ddp", "fsdp"), out=c.run.path, steps=c.options.scale_steps,
+    n = _scale_ranks(c)
+    c.say(f"scale: torchrun, the smallest rank count that fits vs {n} ranks, DDP and "
+          "FSDP, same global batch")
+    return scale(c.spec, n, ("ddp", "fsdp"), out=c.run.path, steps=c.options.scale_steps,
                  base_dir=c.options.base_dir, catalog=c.catalog,
-                 progress=lambda msg: c.say(f"scale: {msg}"), check_memory=c.options.check_memory)
+                 progress=lambda msg: c.say(f"scale: {msg}"), check_memory=c.options.check_memory,
+                 memory_limit_bytes=c.options.memory_limit_bytes)
 
 
 def _gate_scale(c: Ctx, scale: ScalingResult) -> Gate:
@@ -350,6 +406,12 @@ STAGES = (
 )
 
 
+OWN_PROCESS = ("pilot", "restore", "scale")
+"""stages that run real steps: each in a fresh process (stage_process.py), so none inherits
+another's allocator cache (a GPU's reserve held by the pilot is memory the restore proof's
+process cannot have)"""
+
+
 def _result_of(c: Ctx, stage: Stage) -> tuple[StageResult, bool]:
     """The stage's result, reused from an earlier run when allowed; (result, reused)."""
     if not c.options.force and c.run.stage_done(stage.name, c.spec_hash):
@@ -360,7 +422,12 @@ def _result_of(c: Ctx, stage: Stage) -> tuple[StageResult, bool]:
                   "re-runs it)")
             return earlier, True
         c.say(f"{stage.name}: running again: {why}")
-    result = stage.run(c)
+    if stage.name in OWN_PROCESS:
+        from tunepilot.stage_process import in_own_process
+
+        result = in_own_process(c, stage)
+    else:
+        result = stage.run(c)
     c.run.write(result, c.spec_hash)
     return result, False
 

@@ -21,7 +21,8 @@ from tunepilot.cli.common import (
 
 MemoryLimitOpt = Annotated[str | None, typer.Option(
     "--memory-limit", help="Simulate a device with this much memory for tensors: bytes or a "
-    "size like 24GiB / 80GB (raises the allocator's out-of-memory error past it).")]
+    "size like 24GiB / 80GB (raises the allocator's out-of-memory error past it); per rank "
+    "for a sharded (FSDP) pilot.")]
 
 
 @app.command()

@@ -33,13 +33,15 @@ def run(
     hours: HoursOpt = None,
     days: DaysOpt = None,
     nproc: Annotated[int | None, typer.Option(
-        "--nproc", help="Ranks for the scaling stage (default: the GPUs here; skipped with one)."
+        "--nproc", help="Ranks for the scaling stage (default: the sharded pilot's ranks, else "
+        "the GPUs here; skipped with one)."
     )] = None,
     out: OutOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Re-run stages already completed.")
                      ] = False,
     memory_limit: Annotated[str | None, typer.Option(
-        "--memory-limit", help="Simulate a device with this much tensor memory (e.g. 2GiB).")
+        "--memory-limit", help="Simulate a device with this much tensor memory (e.g. 2GiB); per "
+        "rank for a sharded run.")
     ] = None,
     no_trace: Annotated[bool, typer.Option("--no-trace", help="Analytic plan only.")] = False,
     pilot_max_steps: Annotated[int, typer.Option(

@@ -38,11 +38,12 @@ def parameter_dtype(spec: RunSpec) -> str:
     return spec.precision.parameter_dtype
 
 
-def attention_impl(spec: RunSpec) -> str:
-    """transformers' attn_implementation tunepilot builds: eager when the spec says so, else
-    sdpa (flash-attention 2/3 and flex need their GPU kernels: SDPA's flash kernel saves the
-    same and stands in for them, said where it is used)."""
-    return "eager" if spec.kernels.attention == "eager" else "sdpa"
+def attention_impl(spec: RunSpec, device=None) -> str:
+    """transformers' attn_implementation tunepilot builds (model/kernels.py): eager when the
+    spec says so, flash-attention 2/3 or flex where they run on ``device``, else sdpa."""
+    from tunepilot.model.kernels import attention_impl as impl
+
+    return impl(spec, device)
 
 
 def hf_config(spec: RunSpec, base_dir: Path | None = None, config: dict | None = None):
@@ -81,17 +82,19 @@ def _scale_rope(cfg: dict, factor: float) -> None:
 
 
 def build_model(spec: RunSpec, device: str | torch.device = "cpu", *, base_dir: Path | None = None,
-                config: dict | None = None) -> torch.nn.Module:
+                config: dict | None = None, kernels: bool = False) -> torch.nn.Module:
     """The spec's model on `device` ("meta" builds without allocating), materialised whole:
     built on the meta device, then every module initialised on `device` (seeded per module:
-    model/materialize.py) or read from `model.weights` a tensor at a time."""
+    model/materialize.py) or read from `model.weights` a tensor at a time. ``kernels``: the
+    spec's kernels that run on `device` go in (model/kernels.py; the pilot's choice), else
+    transformers' stock path."""
     import torch
 
     if spec.method.kind == "qlora":
         return _build_qlora(spec, device, base_dir, config)
     if str(device) == "meta":
         return _build_on_meta(spec, base_dir, config)
-    model = build_meta_model(spec, base_dir, config)
+    model = build_meta_model(spec, base_dir, config, device if kernels else None)
     materializer(model, spec, device, base_dir)(model)
     torch.manual_seed(spec.seed)
     return model
@@ -106,20 +109,25 @@ def _build_on_meta(spec: RunSpec, base_dir: Path | None, config: dict | None):
     return _finish(spec, model)
 
 
-def build_meta_model(spec: RunSpec, base_dir: Path | None = None, config: dict | None = None):
-    """The spec's model - LoRA adapters, activation checkpointing - with every parameter on the
-    meta device (no bytes) and its buffers as the model's code computes them; materialise it
-    with ``materializer`` (whole, or one FSDP unit at a time: model/shard.py)."""
+def build_meta_model(spec: RunSpec, base_dir: Path | None = None, config: dict | None = None,
+                     device=None):
+    """The spec's model - the kernels that run on ``device`` (model/kernels.py), LoRA adapters,
+    activation checkpointing - with every parameter on the meta device (no bytes) and its
+    buffers as the model's code computes them; materialise it with ``materializer`` (whole, or
+    one FSDP unit at a time: model/shard.py)."""
+    from tunepilot.model.kernels import apply_kernels
     from tunepilot.model.materialize import parameters_on_meta
 
     hf = hf_config(spec, base_dir, config)
     weights_path(spec, base_dir)  # a bad path fails before anything is built
     with parameters_on_meta():
-        model = _from_config(spec, hf)
+        model = _from_config(spec, hf, device=device)
+        if device is not None:
+            apply_kernels(spec, model, device)
         return _finish(spec, model)
 
 
-def _from_config(spec: RunSpec, hf, dtype=None):
+def _from_config(spec: RunSpec, hf, dtype=None, device=None):
     from transformers import AutoModelForCausalLM
 
     dtype = dtype or torch_dtype(parameter_dtype(spec))
@@ -130,8 +138,8 @@ def _from_config(spec: RunSpec, hf, dtype=None):
         if getattr(hf, "pad_token_id", None) is None:
             hf.pad_token_id = 0  # the head pools the last non-pad token: it needs one
         return AutoModelForSequenceClassification.from_config(
-            hf, attn_implementation=attention_impl(spec), dtype=dtype)
-    return AutoModelForCausalLM.from_config(hf, attn_implementation=attention_impl(spec),
+            hf, attn_implementation=attention_impl(spec, device), dtype=dtype)
+    return AutoModelForCausalLM.from_config(hf, attn_implementation=attention_impl(spec, device),
                                             dtype=dtype)
 
 
@@ -338,7 +346,7 @@ def build_qlora_meta_model(spec: RunSpec, device, base_dir, config) -> torch.nn.
                "fp32": torch.float32}[spec.quant_storage_dtype]
     skip = set() if spec.method.quantize_lm_head else {"lm_head"}
     with parameters_on_meta():
-        model = _from_config(spec, hf, torch.bfloat16)
+        model = _from_config(spec, hf, torch.bfloat16, device)
     for _, module in list(model.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear) and child_name not in skip:
@@ -358,7 +366,8 @@ def build_qlora_meta_model(spec: RunSpec, device, base_dir, config) -> torch.nn.
 
 
 def build_sharded_model(spec: RunSpec, device, *, mesh=None, offload: bool = False,
-                        base_dir: Path | None = None, config: dict | None = None):
+                        base_dir: Path | None = None, config: dict | None = None,
+                        kernels: bool = False):
     """The spec's model sharded with FSDP (model/shard.py) as it is materialised: built on the
     meta device, then each unit - a decoder layer, then the root - materialised whole on
     `device` (seeded init, or its tensors read from model.weights) and sharded before the next,
@@ -368,7 +377,8 @@ def build_sharded_model(spec: RunSpec, device, *, mesh=None, offload: bool = Fal
     from tunepilot.model.shard import shard_model
 
     model = build_qlora_meta_model(spec, device, base_dir, config) \
-        if spec.method.kind == "qlora" else build_meta_model(spec, base_dir, config)
+        if spec.method.kind == "qlora" else \
+        build_meta_model(spec, base_dir, config, device if kernels else None)
     fill = materializer(model, spec, device, base_dir)
     model = shard_model(model, spec, mesh=mesh, device=torch.device(device), offload=offload,
                         materialize=fill)

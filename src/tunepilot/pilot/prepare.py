@@ -53,16 +53,13 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
                         device=options.device)
     log(f"device: {info.kind} {info.name!r} card={info.card_id} torch {info.torch_version} "
         f"cuda={info.cuda_version} hip={info.hip_version}")
-    pilot_spec, notes = single_device_spec(spec)
+    pilot_spec, notes = (sharded_spec(spec, options.ranks) if options.ranks else
+                         single_device_spec(spec))
     pilot_spec, modelled = without_modelled_levers(pilot_spec)
     notes += modelled
-    pilot_spec, kernels = without_gpu_kernels(pilot_spec)
+    with_kernels = pilot_spec
+    pilot_spec, kernels = without_gpu_kernels(pilot_spec, info)
     notes += kernels
-    if pilot_spec.precision.is_fp8:  # FP8 is not measured: the pilot runs its bf16-mixed stand-in
-        from tunepilot.spec.fp8 import bf16_stand_in, pilot_note
-
-        notes.append(pilot_note(pilot_spec))
-        pilot_spec = bf16_stand_in(pilot_spec)
     check_device_features(pilot_spec, info)
     arch = resolve_arch(pilot_spec, options.base_dir)
     plan = analytic_plan(pilot_spec, arch, info.kind)
@@ -70,7 +67,11 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
                      notes=notes + info.missing)
     s = Session(spec=spec, m=m, options=options, plan=plan, log=log, progress=progress,
                 run_dir=run_dir)
-    problem = plan_fit_problem(pilot_spec, plan, info) if options.check_memory else None
+    shared = options.ranks if (options.ranks and info.kind == "cpu") else 1  # one host's RAM
+    problem = plan_fit_problem(pilot_spec, plan, info, ranks=shared) \
+        if options.check_memory else None
+    if problem and with_kernels != pilot_spec:
+        problem = _kernels_would_fit(with_kernels, arch, info, shared, problem)
     if problem:
         s.does_not_fit = PilotOutOfMemory("memory check before building (plan vs local memory)",
                                      RuntimeError(problem), simulated=False)
@@ -94,6 +95,18 @@ def prepare(spec: RunSpec, options, catalog: Catalog, log, progress, run_dir: Pa
         spec, device=info.to_dict(), data=s.data_info.provenance(),
         model=_model_provenance(spec, arch, options.base_dir))
     return s
+
+
+def sharded_spec(spec: RunSpec, ranks: int) -> tuple[RunSpec, list[str]]:
+    """The spec a sharded pilot runs: its FSDP on ``ranks`` ranks of this machine (one node)."""
+    if spec.parallel.world_size == ranks and spec.parallel.nodes == 1:
+        return spec, []
+    one_node = spec.with_changes(parallel=dict(spec.parallel.model_dump(), devices=ranks,
+                                               nodes=1))
+    return one_node, [f"parallel: FSDP over {spec.parallel.world_size} ranks on "
+                      f"{spec.parallel.nodes} nodes; the pilot ran one node's {ranks} ranks "
+                      "(each rank holds 1/" + str(ranks) + " of the states, not 1/"
+                      + str(spec.parallel.world_size) + ")"]
 
 
 def single_device_spec(spec: RunSpec) -> tuple[RunSpec, list[str]]:
@@ -163,30 +176,36 @@ def without_modelled_levers(spec: RunSpec) -> tuple[RunSpec, list[str]]:
     return spec.with_changes(**{k: False for k in on}), notes
 
 
-def without_gpu_kernels(spec: RunSpec) -> tuple[RunSpec, list[str]]:
-    """The kernels tunepilot's step does not build (Triton / CUDA kernels: Liger, Cut
-    Cross-Entropy, Unsloth, Transformer Engine, flash-attention, flex) are left out of the pilot,
-    which runs transformers' stock path (SDPA attention), each with a note: their memory is in
-    the plan, their effect is not measured here. Eager attention, DoRA, rsLoRA and
-    modules_to_save run for real (transformers and PEFT build them)."""
-    k = spec.kernels
-    off = {"liger": [], "cut_cross_entropy": False, "unsloth": False,
-           "unsloth_gradient_checkpointing": False, "transformer_engine": False}
-    on = [f"liger {', '.join(k.liger)}" if k.liger else "",
-          "cut_cross_entropy" if k.cut_cross_entropy else "", "unsloth" if k.unsloth else "",
-          "unsloth_gradient_checkpointing" if k.unsloth_gradient_checkpointing else "",
-          "transformer_engine" if k.transformer_engine else ""]
-    if k.attention in ("flash-attention-2", "flash-attention-3", "flex"):
-        on.append(f"attention {k.attention}")
-        off["attention"] = "sdpa"
-    on = [x for x in on if x]
-    if not on:
-        return spec, []
-    kernels = dict(k.model_dump(), **off)
-    return spec.with_changes(kernels=kernels), [
-        f"kernels {'; '.join(on)}: GPU kernels tunepilot's step does not build - the pilot ran "
-        "transformers' stock path (SDPA attention) and did NOT measure them; their memory is "
-        "in the plan (plan/analytic/variants.py), their speed in the time model"]
+def without_gpu_kernels(spec: RunSpec, info: DeviceInfo | None = None
+                        ) -> tuple[RunSpec, list[str]]:
+    """The spec the pilot runs with the spec's kernels (model/kernels.py): those that run on
+    this device - a GPU that supports them, their package installed - stay; the rest (every
+    Triton/CUDA kernel on a CPU) are left out for transformers' stock path (SDPA attention,
+    bf16-mixed for FP8), with a note of what that leaves unmeasured. Eager attention, DoRA,
+    rsLoRA and modules_to_save run for real (transformers and PEFT build them)."""
+    from tunepilot.model.kernels import choose
+
+    choice = choose(spec, info)
+    if not choice.stand_ins:
+        return spec, choice.notes()
+    return spec.with_changes(kernels=choice.kernels, precision=choice.precision), choice.notes()
+
+
+def _kernels_would_fit(spec: RunSpec, arch, info: DeviceInfo, ranks: int, problem: str,
+                       has=None) -> str:
+    """A run that fits only with its kernels is refused naming what keeps them from running
+    here (the missing package, or the device). ``has``: is a package installed (tests)."""
+    from tunepilot.model.kernels import choose
+
+    if plan_fit_problem(spec, analytic_plan(spec, arch, info.kind), info, ranks=ranks):
+        return problem  # it does not fit with its kernels either
+    choice = choose(spec, info, has) if has is not None else choose(spec, info)
+    missing = [f"{k}: pip install {pip}" for k, pip in choice.missing_packages.items()]
+    other = [f"{k}: {why}" for k, why in choice.stand_ins.items()
+             if k not in choice.missing_packages]
+    return (f"{problem}. With the spec's kernels the plan fits, but here they cannot run - "
+            + "; ".join(missing + other) + ". Install the missing packages, or pilot on the "
+            "card you mean to rent")
 
 
 def local_memory(info: DeviceInfo) -> tuple[int, str]:

@@ -32,7 +32,7 @@ DISK_MARGIN = 1.2  # a checkpoint write needs this much more free disk than the 
 def probe_step(s) -> StepRecord:
     """Warm-up step 2 on the longest batch under the tracker: memory by component."""
     s.tracker.adopt(s.longest_batch.values())
-    probe = InstrumentedStep(s.pilot_spec, s.device_type, tracker=s.tracker)
+    probe = InstrumentedStep(s.pilot_spec, s.device_type, tracker=s.tracker, sharded=s.sharded)
     rec, mem = probe_step_memory(s.run.state, lambda: s.longest_batch, s.pilot_spec, s.tracker,
                                  probe)
     s.step_memory = mem
@@ -78,12 +78,14 @@ def checkpoint_probe(s) -> None:
     parent.mkdir(parents=True, exist_ok=True)
     msd, osd = model_and_optimizer_state(s.run.state, s.pilot_spec)  # LoRA: adapters only
     need = tensor_bytes(t for sd in (msd, osd) for t in _tensors_in(sd))
+    need = int(s.agree_max(need)) * s.world_size  # a sharded state: every rank's shard
     free = shutil.disk_usage(parent).free
-    if need * DISK_MARGIN > free:
+    if s.agree_max(float(need * DISK_MARGIN > free)):  # the ranks write together, or none
         s.m.checkpoint = CheckpointWrite(unavailable=f"not enough free disk in {parent}: the "
                                          f"state is about {need:,} bytes, {free:,} free")
         return
-    tmp = Path(tempfile.mkdtemp(prefix=".pilot-probe-", dir=parent))
+    tmp = Path(s.options.probe_dir) if s.sharded else \
+        Path(tempfile.mkdtemp(prefix=".pilot-probe-", dir=parent))
     try:
         s.sync()
         t0 = time.perf_counter()
@@ -97,7 +99,12 @@ def checkpoint_probe(s) -> None:
         s.m.checkpoint = CheckpointWrite(unavailable=f"the checkpoint write failed: {exc}")
         s.m.notes.append(s.m.checkpoint.unavailable)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if s.sharded:
+            import torch.distributed as dist
+
+            dist.barrier()  # every rank's files are written before rank 0 removes them
+        if s.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
     s.log(f"checkpoint write: {s.m.checkpoint}")
 
 

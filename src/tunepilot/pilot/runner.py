@@ -40,7 +40,7 @@ from tunepilot.plan.trace.tracker import StorageTracker, state_tensors
 from tunepilot.results.pilot import PilotResult
 from tunepilot.spec import RunSpec
 from tunepilot.store import RunDir, default_run_dir
-from tunepilot.training.build import build_run
+from tunepilot.training.build import Shard, build_run
 from tunepilot.training.step import evaluate
 
 WARMUP_STEPS = 2  # step 1 creates the optimizer state; step 2 is the steady state (plan = step 2+)
@@ -74,6 +74,11 @@ def run_pilot(spec: RunSpec, out: Path | str | None = None, options: PilotOption
         raise UserError("--max-steps", f"is {options.max_steps} but must be at least 1.")
     run_dir = RunDir(out if out is not None else default_run_dir(spec))
     run_dir.check_spec(spec.spec_hash())
+    ranks = pilot_ranks(spec, options)
+    if ranks > 1:
+        from tunepilot.pilot.ranks import run_sharded_pilot
+
+        return run_sharded_pilot(spec, run_dir, options, ranks, progress)
     t_start = time.perf_counter()
     baselines = nvml_used_by_uuid()  # before torch touches a GPU: the pre-run baseline
     run_dir.path.mkdir(parents=True, exist_ok=True)
@@ -95,6 +100,25 @@ def run_pilot(spec: RunSpec, out: Path | str | None = None, options: PilotOption
         if s is not None and s.sampler is not None and s.m.reading is None:
             s.sampler.stop()  # an error before the end: do not leave the thread running
         log.close()
+
+
+def pilot_ranks(spec: RunSpec, options: PilotOptions) -> int:
+    """How many ranks the pilot runs: the spec's FSDP ranks on this machine (one node's) under
+    torchrun - gloo on the CPU, one GPU each with NCCL - else one device."""
+    if options.ranks is not None or spec.parallel.strategy != "fsdp" or \
+            spec.parallel.devices < 2:
+        return 1
+    n = spec.parallel.devices
+    if options.find_max_batch:
+        raise UserError("--find-max-batch", f"searches one device's micro-batch, but the spec "
+                        f"shards the run over {n} FSDP ranks (the pilot runs all of them).",
+                        "Leave out --find-max-batch; the pilot measures every rank's peak.")
+    if options.device != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < n:
+        raise UserError("parallel.devices", f"the sharded pilot runs the spec's {n} FSDP ranks, "
+                        f"one per GPU, but this machine has {torch.cuda.device_count()}.",
+                        "Pilot on the node you mean to rent, or set parallel.devices to the "
+                        "GPUs here (the plan projects other counts).")
+    return n
 
 
 def _execute(s: Session) -> None:
@@ -133,7 +157,9 @@ def _build(s: Session) -> None:
     with s.oom_guard("model load"):
         s.run = build_run(s.pilot_spec, s.device.torch_device, total_steps=WARMUP_STEPS +
                           rule.limit, base_dir=s.options.base_dir,
-                          dataset=(s.dataset, s.data_info))
+                          dataset=(s.dataset, s.data_info), rank=s.rank,
+                          world_size=s.world_size, shard=Shard() if s.sharded else None,
+                          kernels=True)
         s.sync()
     s.m.times.model_load_s = time.perf_counter() - t0
     params = list(s.run.model.parameters())
@@ -150,7 +176,8 @@ def _build(s: Session) -> None:
         s.tracker.check_limit(" (the model's weights alone)")
     _longest(s)
     s.step = InstrumentedStep(s.pilot_spec, s.device_type,
-                              tracker=s.tracker if s.options.memory_limit_bytes else None)
+                              tracker=s.tracker if s.options.memory_limit_bytes else None,
+                              sharded=s.sharded)
 
 
 def _longest(s: Session) -> None:
@@ -211,7 +238,7 @@ def _measure(s: Session) -> None:
         with s.oom_guard(f"measured step {len(s.m.steps) + 1}"):
             rec = s.step(s.run.state, s.run.stream.next)
         s.m.steps.append(rec)
-        times.append(rec.wall_s)
+        times.append(s.agree_max(rec.wall_s))  # the slowest rank's, on every rank
         s.progress("measure steps", len(times), rule.limit)
         if not math.isfinite(rec.loss):
             s.m.notes.append(f"measured step {len(times)}: the loss is not finite "
@@ -242,13 +269,15 @@ def _validate(s: Session) -> None:
     s.progress("validation pass", 0, None)
     vstream = DataStream(make_loader(spec, s.run.dataset, s.data_info, seed=spec.seed + 1,
                                      micro_batch_size=spec.validation_micro_batch_size))
-    ctx = s.tracker if s.options.memory_limit_bytes else contextlib.nullcontext()
-    with s.oom_guard("validation pass"):
+    with s.oom_guard("validation pass"), contextlib.ExitStack() as ctx:
+        if s.options.memory_limit_bytes:
+            ctx.enter_context(s.tracker)
+            if s.sharded:
+                ctx.enter_context(s.tracker.track_resizes())
         s.sync()
         t0 = time.perf_counter()
-        with ctx:
-            loss, tokens = evaluate(s.run.model, (vstream.next() for _ in range(n)), spec,
-                                    s.run.state.reference)
+        loss, tokens = evaluate(s.run.model, (vstream.next() for _ in range(n)), spec,
+                                s.run.state.reference)
         s.sync()
         dt = time.perf_counter() - t0
     s.m.validation = ValidationPass(seconds=dt, num_batches=n, loss=loss, useful_tokens=tokens)

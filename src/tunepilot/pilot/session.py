@@ -47,6 +47,11 @@ class PilotOptions:
     catalog: Catalog | None = None
     check_memory: bool = True
     """refuse, before building anything, a run whose plan exceeds the local device's memory"""
+    ranks: int | None = None
+    """a rank of a sharded pilot (pilot/ranks.py): the FSDP spec on this many ranks; None: as
+    the spec says (one device, or the spec's FSDP ranks under torchrun)"""
+    probe_dir: str | None = None
+    """a sharded pilot's checkpoint probe directory (the same on every rank)"""
 
 
 class PilotOutOfMemory(Exception):
@@ -86,10 +91,30 @@ class Session:
     search: dict | None = None
     provenance: dict | None = None
     tracker_live_at_oom: int | None = None
+    rank: int = 0
+    world_size: int = 1
+    """the ranks of a sharded pilot (1: one device)"""
+
+    @property
+    def sharded(self) -> bool:
+        return self.world_size > 1
+
+    def agree_max(self, value: float) -> float:
+        """The largest ``value`` over the ranks (itself on one device): a sharded pilot's ranks
+        take every decision on the same numbers - the slowest rank's step time - so they run
+        the same steps (each holds collectives the others wait on)."""
+        if not self.sharded:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], dtype=torch.float64,
+                         device="cuda" if self.gpu else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
 
     @property
     def pilot_spec(self) -> RunSpec:
-        """The spec the pilot runs (one device, the plan's levers off)."""
+        """The spec the pilot runs (one device or its FSDP ranks, the plan's levers off)."""
         return self.m.spec
 
     @property

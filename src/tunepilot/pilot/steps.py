@@ -30,8 +30,10 @@ class InstrumentedStep:
     """Runs ``train_step`` and times it as the pilot does."""
 
     def __init__(self, spec: RunSpec, device_type: str, *, split_every: int | None = None,
-                 tracker: StorageTracker | None = None):
+                 tracker: StorageTracker | None = None, sharded: bool = False):
         self.spec = spec
+        self.sharded = sharded
+        """FSDP: the tracker follows the unsharded parameters FSDP resizes in place"""
         self.device_type = device_type
         self.gpu = device_type == "cuda"
         self.split_every = split_every or (GPU_SPLIT_EVERY if self.gpu else 1)
@@ -49,12 +51,14 @@ class InstrumentedStep:
             seq[0] = int(b["input_ids"].shape[1])
             return b
 
-        ctx = self.tracker if self.tracker is not None else contextlib.nullcontext()
         if self.gpu:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        with ctx:
+        with contextlib.ExitStack() as ctx:
             if self.tracker is not None:
+                ctx.enter_context(self.tracker)
+                if self.sharded:
+                    ctx.enter_context(self.tracker.track_resizes())
                 self.tracker.enter("step")
             st: StepStats = train_step(
                 state, fetch, self.spec, accumulation=accumulation, split_timing=split,

@@ -139,6 +139,23 @@ def _state_chart(state: dict[str, int], peak: int) -> list:
           "total_text": fmt_bytes(total)}], list(state), unit, scale)]
 
 
+def _ranks(pilot: PilotResult | None) -> dict | None:
+    """A sharded pilot: every rank's measured peaks and step time beside its plan."""
+    if pilot is None or not pilot.ranks:
+        return None
+    rows = []
+    for r in pilot.ranks:
+        ratio = r.plan_ratio.value
+        rows.append([r.rank, Markup(f"{escape(_fig(r.allocated_peak_bytes))} ")
+                     + _basis(r.allocated_peak_bytes),
+                     Markup(f"{escape(_fig(r.planned_allocated_peak_bytes))} ")
+                     + _basis(r.planned_allocated_peak_bytes),
+                     "-" if ratio is None else f"{ratio:.3f}", _fig(r.reserved_peak_bytes),
+                     _fig(r.device_peak_bytes), _fig(r.step_time_median_s),
+                     "fits" if r.fits else (r.error or "does not fit")])
+    return {"world_size": pilot.world_size, "rows": rows}
+
+
 def _measured_memory(pilot: PilotResult | None) -> list[list]:
     """Every memory figure the pilot (or a callback, or watch) measured, with its basis."""
     if pilot is None:
@@ -327,7 +344,8 @@ def build_report(run_dir: str | Path) -> tuple[Path, Path]:
         label=label, spec_hash=manifest.spec_hash or "?", decision=dec,
         pending=_pending(run.path, manifest, got["pilot"]) if dec is None else "",
         gates=_gates(dec) if dec else [],
-        memory=_memory(got["plan"], got["pilot"]), steps=_steps(got["pilot"]),
+        memory=_memory(got["plan"], got["pilot"]), ranks=_ranks(got["pilot"]),
+        steps=_steps(got["pilot"]),
         data=_data(got["data"]), restore=_restore(got["restore"]),
         scaling=_scaling(got["scale"]), cost=_cost(got["compare"], got["quote"]),
         provenance=[[Markup(f"<code>{escape(k)}</code>"), v[:300]] for k, v in _flatten(prov)])
@@ -383,6 +401,10 @@ def _markdown(label: str, manifest, got: dict) -> str:
         tps = pilot.throughput.useful_tokens_per_s
         lines += ["", f"- pilot on {pilot.device.name}: {_fig(tps)} useful ({tps.basis}), step "
                       f"p50 {_fig(pilot.step_time.p50_s)}"]
+        lines += [f"  - rank {r.rank}: allocated peak {_fig(r.allocated_peak_bytes)} (measured) "
+                  f"vs {_fig(r.planned_allocated_peak_bytes)} planned per rank, median step "
+                  f"{_fig(r.step_time_median_s)}, {'fits' if r.fits else 'does not fit'}"
+                  for r in pilot.ranks]
     if rest:
         lines.append(f"- restore: {'passed' if rest.passed else 'FAILED'} "
                      f"({len(rest.components)} components)")

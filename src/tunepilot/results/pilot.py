@@ -350,6 +350,32 @@ class Watched(Model):
     """the signal that ended it, when one did"""
 
 
+class RankPilot(Model):
+    """One rank of a sharded pilot: its memory peaks, its step time, its plan."""
+
+    rank: int
+    fits: bool = True
+    allocated_peak_bytes: Figure = _said(
+        "bytes", "the steady-state peak: torch.cuda.max_memory_allocated from warm-up step 2 on "
+        "(GPU), or the tracked tensor peak of warm-up step 2 (CPU), as one device's pilot "
+        "measures it")
+    reserved_peak_bytes: Figure = _said("bytes", "torch.cuda.max_memory_reserved (GPU only)")
+    device_peak_bytes: Figure = _said(
+        "bytes", "the rank's device-wide peak minus its baseline (NVML/amdsmi; GPU only)")
+    step_time_median_s: Figure = _said("s", "the rank's median measured step")
+    step_time_mean_s: Figure = _fig("s")
+    planned_allocated_peak_bytes: Figure = _said(
+        "bytes", "the per-rank plan's allocated peak (projected)")
+    plan_ratio: Figure = _said("ratio", "measured / planned allocated peak")
+    tracked_peak_bytes: Figure = _said(
+        "bytes", "the tracked tensor peak over every tracked step (with --memory-limit: every "
+        "step, against the limit)")
+    peak_rss_bytes: Figure = _said("bytes", "the rank process's peak resident memory")
+    useful_tokens: Figure = _said("tokens", "useful tokens of the rank's measured steps")
+    error: str | None = None
+    """why the rank did not fit (its out-of-memory error), or why it has no record"""
+
+
 class PilotResult(StageResult):
     """Everything one pilot measured; docs/pilot.md describes every key."""
 
@@ -378,6 +404,11 @@ class PilotResult(StageResult):
     generation: GenerationBlock | None = None
     """GRPO/RLOO: the generation phase (absent for objectives that generate nothing)"""
     watched: Watched | None = None
+    world_size: int = 1
+    """ranks the pilot ran (a sharded pilot: the spec's FSDP ranks under torchrun)"""
+    ranks: list[RankPilot] = Field(default_factory=list)
+    """a sharded pilot: every rank's figures (the slowest rank's time and the largest rank's
+    memory make the figures above)"""
     notes: list[str] = Field(default_factory=list)
     plan_vs_measured: PlanVsMeasured | None = None
     calibration: Calibration | None = None

@@ -22,14 +22,18 @@ class BatchPlan(Model):
     note: str | None = None
     positions_per_step: int | None = None
     """token positions per optimizer step, sequences per sample included (spec/batch.py)"""
+    baseline_world_size: int = 1
+    """the baseline's ranks: the smallest count whose plan fits (FSDP when more than 1)"""
 
     @property
     def arithmetic(self) -> str:
         positions = self.positions_per_step or self.global_batch_samples * self.sequence_length
+        b = self.baseline_world_size
         return (f"{self.micro_batch_size} micro-batch x {self.accumulation} accumulation x "
                 f"{self.world_size} ranks = {self.micro_batch_size} x "
-                f"{self.baseline_accumulation} x 1 rank = {self.global_batch_samples} samples per "
-                f"optimizer step (<= {positions:,} token positions)")
+                f"{self.baseline_accumulation} x {b} rank{'s' if b > 1 else ''} = "
+                f"{self.global_batch_samples} samples per optimizer step (<= {positions:,} "
+                "token positions)")
 
 
 class Distribution(Model):

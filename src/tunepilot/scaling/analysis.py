@@ -102,9 +102,10 @@ def interleave(per_rank: list[list[str]]) -> list[str]:
 
 def compare(run: LaunchSummary, base: LaunchSummary, batches: BatchPlan, precision: str,
             nproc: int) -> StrategyResult:
-    """The verdict of one strategy against the 1-rank baseline."""
+    """The verdict of one strategy against the baseline (1 rank, or the smallest rank count
+    that fits): efficiency is per-rank throughput relative to the baseline's per rank."""
     w = run.world_size
-    eff = run.useful_tokens_per_s / (w * base.useful_tokens_per_s)
+    eff = run.useful_tokens_per_s * base.world_size / (w * base.useful_tokens_per_s)
     diffs = [abs(a - b) for a, b in zip(run.losses, base.losses, strict=True)]
     tol = LOSS_TOLERANCE.get(precision, 5e-2)
     order = [i for i, (a, b) in enumerate(zip(run.samples, base.samples, strict=True)) if a != b]
@@ -130,7 +131,10 @@ def compare(run: LaunchSummary, base: LaunchSummary, batches: BatchPlan, precisi
         all_ranks_reported=run.ranks_reported == list(range(w)),
         global_batch_samples=batches.global_batch_samples,
         figures={
-            "efficiency": M(eff, "ratio", rule="T_N / (N x T_1) on useful tokens/s"),
+            "efficiency": M(eff, "ratio", rule="T_N / (N x T_1) on useful tokens/s"
+                            if base.world_size == 1 else
+                            f"(T_N / N) / (T_b / b) on useful tokens/s, against the smallest "
+                            f"rank count that fits (b = {base.world_size})"),
             "useful_tokens_per_s": M(run.useful_tokens_per_s, "tokens/s"),
             "peak_memory_per_rank": M(run.peak_memory_bytes_per_rank, "bytes"),
             "step_time_median": M(run.step_time_s.median, "s"),
@@ -166,6 +170,12 @@ def recommend(results: dict[str, StrategyResult], base: LaunchSummary, world: in
     best = max(good, key=lambda s: good[s].useful_tokens_per_s)
     b = good[best]
     failed = f"; {', '.join(crashed)} failed (see its error and log lines)" if crashed else ""
+    if base.world_size > 1:  # the model fits no single device: sharding is the only way
+        return Recommendation(strategy=best, reason=(
+            f"{best}: the model fits no single device (the baseline is FSDP over "
+            f"{base.world_size} ranks, the fewest that fit); {b.useful_tokens_per_s:,.0f} useful "
+            f"tokens/s on {world} ranks, efficiency {b.efficiency:.2f} per rank relative to it"
+            + failed))
     if b.useful_tokens_per_s <= base.useful_tokens_per_s:
         return Recommendation(strategy="single", reason=(
             f"{world} ranks with {best} deliver {b.useful_tokens_per_s:,.0f} useful tokens/s, "

@@ -37,18 +37,21 @@ DEFAULT_WARMUP_STEPS = 2
 DEFAULT_TIMEOUT_S = 600.0
 
 
-def plan_batches(spec: RunSpec, world: int) -> BatchPlan:
-    """Micro-batch and accumulation per rank for W ranks and for the 1-rank baseline, by the
-    spec's global-batch rule (spec.batch.on in spec/batch.py, which the quote uses too)."""
+def plan_batches(spec: RunSpec, world: int, baseline_ranks: int = 1) -> BatchPlan:
+    """Micro-batch and accumulation per rank for W ranks and for the baseline (1 rank, or the
+    smallest count that fits), by the spec's global-batch rule (spec.batch.on in spec/batch.py,
+    which the quote uses too)."""
     split = spec.batch.on(world)
     note = None if split.note is None else (split.note + f"; the baseline uses "
                                             f"{split.micro_batch_size} too, so both measure the "
                                             "same work per micro-batch")
     return BatchPlan(global_batch_samples=split.global_samples, world_size=world,
                      micro_batch_size=split.micro_batch_size, accumulation=split.accumulation,
-                     baseline_accumulation=split.global_samples // split.micro_batch_size,
+                     baseline_accumulation=split.global_samples // (split.micro_batch_size
+                                                                    * baseline_ranks),
                      sequence_length=spec.sequence_length, note=note,
-                     positions_per_step=split.positions_per_step)
+                     positions_per_step=split.positions_per_step,
+                     baseline_world_size=baseline_ranks)
 
 
 def _check_request(strategies: tuple[str, ...], steps: int, warmup_steps: int) -> None:
@@ -62,24 +65,43 @@ def _check_request(strategies: tuple[str, ...], steps: int, warmup_steps: int) -
         raise UserError("--warmup-steps", f"cannot be negative (got {warmup_steps}).")
 
 
-def _check_memory(spec: RunSpec, node, nproc: int, base_dir: Path | None) -> None:
-    """Every strategy's per-rank plan against the local device's memory (on a CPU the ranks
-    share the host's RAM), before anything is launched."""
+def baseline_ranks(spec: RunSpec, node, nproc: int, base_dir: Path | None,
+                   memory_limit_bytes: int | None = None) -> tuple[int, list[str]]:
+    """The scaling baseline: the smallest rank count whose plan fits this machine (1 when the
+    single-device plan fits; else FSDP over 2, 3, ... of the nproc ranks that hold the global
+    batch), checked with every strategy's N-rank plan before anything is launched (on a CPU the
+    ranks share the host's RAM; ``memory_limit_bytes``: --memory-limit, per rank). DoesNotFit
+    when not even the N-rank plan fits. (baseline ranks, notes)."""
     from tunepilot.device import probe_device
+    from tunepilot.errors import DoesNotFit
     from tunepilot.model.arch import resolve_arch
-    from tunepilot.pilot.prepare import check_plan_fits_device, single_device_spec
+    from tunepilot.pilot.prepare import plan_fit_problem, single_device_spec
     from tunepilot.plan.analytic.core import analytic_plan
 
     info = probe_device(device="cpu" if node.kind == "cpu" else None)
     arch = resolve_arch(spec, base_dir)
-    single, _ = single_device_spec(spec)
-    check_plan_fits_device(single, analytic_plan(single, arch, info.kind), info,
-                           what="scaling test")
-    if nproc > 1:
-        par = dict(spec.parallel.model_dump(), strategy="fsdp", devices=nproc, nodes=1)
-        sharded = spec.with_changes(parallel=par)
-        check_plan_fits_device(sharded, analytic_plan(sharded, arch, info.kind), info,
-                               what="scaling test", ranks=nproc if info.kind == "cpu" else 1)
+    global_samples = spec.batch.on(nproc).global_samples
+    first = None
+    for n in range(1, nproc + 1):
+        if n > 1 and global_samples % n:
+            continue
+        one = single_device_spec(spec)[0] if n == 1 else spec.with_changes(
+            parallel=dict(spec.parallel.model_dump(), strategy="fsdp", devices=n, nodes=1))
+        plan = analytic_plan(one, arch, info.kind)
+        problem = plan_fit_problem(one, plan, info, what="scaling test",
+                                   ranks=n if info.kind == "cpu" else 1)
+        peak = plan.per_device.allocated_peak_bytes
+        if problem is None and memory_limit_bytes and peak > memory_limit_bytes:
+            problem = (f"the plan needs {peak:,} bytes per rank (projected), more than "
+                       f"--memory-limit {memory_limit_bytes:,}")
+        first = first or problem
+        if problem is None:
+            notes = [] if n == 1 else [
+                f"baseline: FSDP over {n} ranks, the smallest count whose plan fits (one "
+                f"device's does not: {first}); efficiency is per rank relative to it, and DDP, "
+                "which holds the whole model on every rank, is not launched"]
+            return n, notes
+    raise DoesNotFit(first or "no rank count fits")
 
 
 def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = STRATEGIES, *,
@@ -87,7 +109,8 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
           base_dir: Path | None = None, device: str = "auto", rdzv: Rendezvous | None = None,
           timeout_s: float = DEFAULT_TIMEOUT_S, catalog=None, node=None, bench: bool = True,
           bench_sizes_bytes: list[int] | None = None, check_memory: bool = True,
-          progress: Callable[[str], None] | None = None) -> ScalingResult:
+          progress: Callable[[str], None] | None = None,
+          memory_limit_bytes: int | None = None) -> ScalingResult:
     """Run the scaling test and write RUN_DIR/scale.json. Raises UserError before launching
     anything when the request cannot be run as asked, LaunchError when a rank fails."""
     from tunepilot.scaling.preflight import preflight, probe_node
@@ -98,7 +121,6 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
     _check_request(strategies, steps, warmup_steps)
     rdzv = rdzv or Rendezvous()
     world = nproc * rdzv.nnodes
-    batches = plan_batches(spec, world)
     run_dir = RunDir(out)
     run_dir.check_spec(spec.spec_hash())
     work = run_dir.path / "scale"
@@ -106,8 +128,9 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
     say(f"preflight: {nproc} rank(s) per node x {rdzv.nnodes} node(s)"
         + ("; bus-bandwidth benchmark (a torchrun launch)" if bench and world > 1 else ""))
     node = node or probe_node(device, catalog)
-    if check_memory:
-        _check_memory(spec, node, nproc, base_dir)
+    base_n, base_notes = baseline_ranks(spec, node, nproc, base_dir, memory_limit_bytes) \
+        if check_memory else (1, [])
+    batches = plan_batches(spec, world, base_n)
     pre = preflight(nproc, device=device, nnodes=rdzv.nnodes, node=node, catalog=catalog,
                     bench=bench, log_dir=logs / "bench", out_dir=work, timeout_s=timeout_s,
                     rdzv=rdzv.for_launch("bench"), sizes_bytes=bench_sizes_bytes)
@@ -121,7 +144,8 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
         device=pre.node.kind, steps=steps, warmup_steps=warmup_steps, global_batch=batches,
         preflight=pre.result(), baseline=baseline, strategies=results,
         recommendation=recommend(results, baseline, world, pre.node.kind), warnings=pre.warnings,
-        notes=[n for n in (batches.note, stand_in_note(spec, "scale")) if n] + notes(pre),
+        notes=[n for n in (batches.note, stand_in_note(spec, "scale")) if n] + base_notes
+        + notes(pre),
         run_dir=str(run_dir.path),
         spec_hash=spec.spec_hash())
     run_dir.write(result)
@@ -130,16 +154,30 @@ def scale(spec: RunSpec, nproc: int, strategies: tuple[str, ...] | list[str] = S
 
 def _launch_all(ctx: _Ctx, strategies: tuple[str, ...], nproc: int, world: int,
                 rdzv: Rendezvous):
-    """The 1-rank baseline, then each strategy on N ranks; (baseline, results by strategy)."""
+    """The baseline (1 rank, or the smallest count that fits: FSDP), then each strategy on N
+    ranks; (baseline, results by strategy)."""
     b, say = ctx.batches, ctx.say
-    say(f"baseline: 1 rank, micro-batch {b.micro_batch_size} x {b.baseline_accumulation} "
-        "accumulation")
-    baseline = summarize(ctx.run("baseline", "single", 1, b.baseline_accumulation, Rendezvous()))
+    n0 = b.baseline_world_size
+    say(f"baseline: {n0} rank{'s (FSDP)' if n0 > 1 else ''}, micro-batch {b.micro_batch_size} x "
+        f"{b.baseline_accumulation} accumulation")
+    baseline = summarize(ctx.run("baseline", "single" if n0 == 1 else "fsdp", n0,
+                                 b.baseline_accumulation, Rendezvous()))
     say(f"baseline: {baseline.useful_tokens_per_s:,.0f} useful tokens/s")
     results: dict[str, StrategyResult] = {}
     if world == 1:
         say("one rank in all: the baseline is the whole test (use --nproc 2 or more to compare)")
     for s in strategies if world > 1 else ():
+        if n0 > 1 and s == "ddp":  # it replicates the model the baseline had to shard
+            results[s] = StrategyResult(
+                status="does_not_fit", nproc=nproc, world_size=world,
+                error="DDP holds the whole model on every rank, and the single-device plan "
+                      f"does not fit (the baseline needed FSDP over {n0} ranks); not launched")
+            say(f"{s}: does not fit (not launched: the model does not fit one device)")
+            continue
+        if n0 == world and s == "fsdp":  # the baseline is this launch already
+            results[s] = compare(baseline, baseline, b, ctx.spec.precision, nproc)
+            say(f"{s}: the baseline itself (FSDP over {n0} ranks is the smallest that fits)")
+            continue
         say(f"{s}: {world} ranks, micro-batch {b.micro_batch_size} x {b.accumulation} "
             "accumulation")
         try:

@@ -41,14 +41,15 @@ class Shard:
 
 
 def build_policy(spec: RunSpec, device, base_dir: Path | None, config: dict | None,
-                 shard: Shard | None = None) -> torch.nn.Module:
-    """The spec's model on ``device``: whole, or sharded as it is materialised (``shard``)."""
+                 shard: Shard | None = None, kernels: bool = False) -> torch.nn.Module:
+    """The spec's model on ``device``: whole, or sharded as it is materialised (``shard``);
+    ``kernels``: with the spec's kernels that run there (the pilot), else the stock path."""
     if shard is None:
-        return build_model(spec, device, base_dir=base_dir, config=config)
+        return build_model(spec, device, base_dir=base_dir, config=config, kernels=kernels)
     from tunepilot.model.build import build_sharded_model
 
     return build_sharded_model(spec, device, mesh=shard.mesh, offload=shard.offload,
-                               base_dir=base_dir, config=config)
+                               base_dir=base_dir, config=config, kernels=kernels)
 
 
 def build_optimizer(spec: RunSpec, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -169,17 +170,19 @@ def build_run(spec: RunSpec, device: str | torch.device, *, total_steps: int,
               rank: int = 0, world_size: int = 1, micro_batch_size: int | None = None,
               prepare: Prepare | None = None, optimizer: OptimizerFactory | None = None,
               dataset: tuple[object, DataInfo] | None = None,
-              prepare_reference: Prepare | None = None, shard: Shard | None = None) -> Run:
+              prepare_reference: Prepare | None = None, shard: Shard | None = None,
+              kernels: bool = False) -> Run:
     """The spec's model on ``device`` (seeded), its dataset and loader (this rank's shard of
     ``world_size``), optimizer, scheduler and scaler. ``shard``: FSDP as model/shard.py does it,
     the model built on the meta device and materialised one unit at a time, sharded as it goes
     (no rank ever holds the whole model). ``prepare`` wraps the model before the optimizer sees
     its parameters (DDP, or the trace's fake tensors) and may return a no_sync context;
     ``optimizer`` replaces the spec's optimizer factory (the trace's bitsandbytes stand-in);
-    ``dataset`` is a (dataset, info) read beforehand."""
+    ``dataset`` is a (dataset, info) read beforehand; ``kernels``: the spec's kernels that run on
+    ``device`` go into the model (the pilot, which chose them: model/kernels.py)."""
     from tunepilot.dataset import build_dataset, make_loader
 
-    model = build_policy(spec, device, base_dir, config, shard)
+    model = build_policy(spec, device, base_dir, config, shard, kernels)
     info = stream = None
     if data:
         from tunepilot.spec.objective import prompts_per_generation

@@ -24,6 +24,8 @@ def render_pilot(d: PilotResult, path: str | None = None) -> None:
                       f": {escape(dnf.error)}")
     if d.steps.measured.value:
         _steps(d)
+    if d.ranks:
+        _ranks(d)
     _memory(d)
     _timings(d)
     s = d.find_max_batch
@@ -64,6 +66,21 @@ def _steps(d: PilotResult) -> None:
                       f"({fig(g.fraction_of_step_time)} of it), "
                       f"{fmt_rate(g.generated_tokens_per_s.value, 'tokens/s')} generated; "
                       f"tracked peak while generating {fig(g.peak_bytes)}")
+
+
+def _ranks(d: PilotResult) -> None:
+    """A sharded pilot: every rank's peaks, step time and plan (measured; the plan projected)."""
+    cols = ["rank", "allocated peak", "planned", "measured / planned", "reserved peak",
+            "device peak", "median step", "status"]
+    t = table(f"Ranks: {d.world_size} FSDP ranks, each measured (allocated peak: the "
+              "steady-state peak; plan: the per-rank plan, projected)", cols, cols[1:7])
+    for r in d.ranks:
+        ratio = r.plan_ratio.value
+        t.add_row(str(r.rank), fig(r.allocated_peak_bytes), fig(r.planned_allocated_peak_bytes),
+                  "-" if ratio is None else f"{ratio:.3f}", fig(r.reserved_peak_bytes),
+                  fig(r.device_peak_bytes), fig(r.step_time_median_s),
+                  "fits" if r.fits else escape(r.error or "does not fit"))
+    console.print(t)
 
 
 def _memory(d: PilotResult) -> None:

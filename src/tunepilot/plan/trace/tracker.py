@@ -520,6 +520,7 @@ def tensor_bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors` (a tied weight counts once)."""
     seen: dict[int, int] = {}
     for t in tensors:
+        t = getattr(t, "_local_tensor", t)  # a DTensor (FSDP2): this rank's shard
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             st = t.untyped_storage()
             seen[st.data_ptr() or id(st)] = st.nbytes()
