@@ -185,7 +185,20 @@ def compare_steps(ref: list[StepRecord], got: list[StepRecord], rtol: float | No
 
 def determinism(*reports: DeterminismReport | None) -> Determinism:
     ops = sorted({op for r in reports if r for op in r.nondeterministic_ops})
-    return Determinism(requested=True, held=not ops, nondeterministic_ops=ops)
+    strict = all(r.strict for r in reports if r) and any(r for r in reports)
+    return Determinism(requested=True, held=not ops, nondeterministic_ops=ops, strict=strict)
+
+
+def tolerance(gpu_nondeterministic: bool, det: Determinism) -> str:
+    """What the continuation was compared to: bit-exact, or - where a GPU ran kernels without a
+    deterministic version - the loss within GPU_LOSS_RTOL, with the ops that made it so."""
+    if gpu_nondeterministic:
+        ops = ", ".join(det.nondeterministic_ops) or "some op"
+        return (f"loss within rtol {GPU_LOSS_RTOL:g} of the original at every continued step "
+                f"(GPU: {ops} ran without a deterministic kernel, so bit-exactness is "
+                "impossible); batches, LR and every restored component still exact")
+    how = "forced" if det.strict else "on"
+    return f"bit-exact: every component and every continued loss (deterministic algorithms {how})"
 
 
 def _hex_list(xs: list[str]) -> str:

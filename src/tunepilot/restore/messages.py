@@ -17,6 +17,8 @@ class DeterminismReport(_Message):
     requested: bool = True
     held: bool = True
     nondeterministic_ops: list[str] = Field(default_factory=list)
+    strict: bool = False
+    """deterministic algorithms forced (not warn-only)"""
 
 
 class FreshJob(_Message):
@@ -31,6 +33,8 @@ class FreshJob(_Message):
     steps_after: int
     checkpoint: str
     hook: str | None = None
+    strict_determinism: bool = False
+    """deterministic algorithms forced (restore/worker.strict_default), as the original ran"""
 
 
 class ShardedJob(_Message):

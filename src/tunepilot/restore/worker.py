@@ -36,7 +36,14 @@ from tunepilot.restore.messages import FreshJob, ProcessReport
 from tunepilot.results.restore import StepRecord
 from tunepilot.spec import RunSpec
 
-_NONDETERMINISTIC_WARNING = "does not have a deterministic implementation"
+# What PyTorch warns, under warn-only deterministic mode, when an op runs a non-deterministic
+# kernel: "<op> does not have a deterministic implementation, but ..." (alert_not_deterministic),
+# and the SDPA backward's "Flash Attention defaults to a non-deterministic algorithm. To
+# explicitly enable determinism call torch.use_deterministic_algorithms(True, warn_only=False)."
+# (and "Memory Efficient attention defaults to ..."; aten/src/ATen/native/transformers/cuda/
+# attention_backward.cu).
+NONDETERMINISTIC_WARNINGS = (" does not have a deterministic implementation",
+                             " defaults to a non-deterministic algorithm")
 
 
 def build(spec: RunSpec, total_steps: int, base_dir: Path | None, device: str, **kwargs):
@@ -119,26 +126,50 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def strict_default(device: str) -> bool:
+    """Force deterministic algorithms (not warn-only) on a GPU: SDPA's flash and memory-efficient
+    backward then run their deterministic kernels instead of warning; an op that has none
+    raises, and the proof runs again warn-only (restore/proof.py) and compares within its
+    tolerance. On a CPU warn-only: every kernel tunepilot's step runs there is deterministic."""
+    return str(device).startswith("cuda")
+
+
+def nondeterministic_ops(messages) -> list[str]:
+    """The ops PyTorch's warnings name as non-deterministic (NONDETERMINISTIC_WARNINGS)."""
+    ops = set()
+    for text in map(str, messages):
+        for marker in NONDETERMINISTIC_WARNINGS:
+            if marker in text:
+                ops.add(text.split(marker)[0].strip())
+    return sorted(ops)
+
+
+def is_determinism_error(exc: BaseException) -> bool:
+    """An op without a deterministic kernel, raised under strict deterministic mode."""
+    return isinstance(exc, RuntimeError) and "deterministic implementation" in str(exc)
+
+
 @contextlib.contextmanager
-def deterministic(device: str):
-    """Deterministic algorithms on (warn-only, so an op without a deterministic kernel is
+def deterministic(device: str, strict: bool = False):
+    """Deterministic algorithms on - ``strict``: forced (an op without a deterministic kernel
+    raises; SDPA's backward takes its deterministic path), else warn-only (such an op is
     recorded rather than fatal); the caller's settings come back afterwards."""
     import torch
 
     prev = (torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled())
     prev_bench = torch.backends.cudnn.benchmark
-    report: dict = {"requested": True, "held": True, "nondeterministic_ops": []}
+    report: dict = {"requested": True, "held": True, "nondeterministic_ops": [],
+                    "strict": strict}
     if device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False
-    _set_deterministic(True, warn_only=True)
+    _set_deterministic(True, warn_only=not strict)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield report
-        ops = sorted({str(w.message).split(" does not")[0] for w in caught
-                      if _NONDETERMINISTIC_WARNING in str(w.message)})
+        ops = nondeterministic_ops(w.message for w in caught)
         report["nondeterministic_ops"] = ops
         report["held"] = not ops
     finally:
@@ -180,7 +211,7 @@ def resume(job: FreshJob) -> ProcessReport:
     torch.set_num_threads(job.threads)
     base_dir = Path(job.base_dir) if job.base_dir else None
     hook = load_hook(job.hook)
-    with deterministic(job.device) as det:
+    with deterministic(job.device, job.strict_determinism) as det:
         seed_everything(spec.seed)
         state, stream = build(spec, job.total_steps, base_dir, job.device)
         before = hook.before_load(state, stream) if hasattr(hook, "before_load") else None

@@ -44,6 +44,8 @@ class Determinism(Model):
     requested: bool = True
     held: bool = True
     nondeterministic_ops: list[str] = Field(default_factory=list)
+    strict: bool = False
+    """deterministic algorithms forced (a GPU): ops without a deterministic kernel raise"""
 
 
 class Trajectories(Model):
