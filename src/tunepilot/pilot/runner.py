@@ -105,8 +105,9 @@ def run_pilot(spec: RunSpec, out: Path | str | None = None, options: PilotOption
 def pilot_ranks(spec: RunSpec, options: PilotOptions) -> int:
     """How many ranks the pilot runs: the spec's FSDP ranks on this machine (one node's) under
     torchrun - gloo on the CPU, one GPU each with NCCL - else one device."""
-    if options.ranks is not None or spec.parallel.strategy != "fsdp" or \
-            spec.parallel.devices < 2:
+    par = spec.parallel
+    if options.ranks is not None or par.strategy != "fsdp" or par.devices < 2 or \
+            par.data_parallel != par.world_size:  # tensor/context parallel: not tunepilot's step
         return 1
     n = spec.parallel.devices
     if options.find_max_batch:

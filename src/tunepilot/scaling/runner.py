@@ -85,8 +85,14 @@ def baseline_ranks(spec: RunSpec, node, nproc: int, base_dir: Path | None,
     for n in range(1, nproc + 1):
         if n > 1 and global_samples % n:
             continue
-        one = single_device_spec(spec)[0] if n == 1 else spec.with_changes(
-            parallel=dict(spec.parallel.model_dump(), strategy="fsdp", devices=n, nodes=1))
+        if n == 1:
+            one = single_device_spec(spec)[0]  # a spec not valid on one device: UserError
+        else:
+            try:
+                one = spec.with_changes(parallel=dict(spec.parallel.model_dump(),
+                                                      strategy="fsdp", devices=n, nodes=1))
+            except ValueError:  # not a valid layout at n ranks (tensor parallel)
+                continue
         plan = analytic_plan(one, arch, info.kind)
         problem = plan_fit_problem(one, plan, info, what="scaling test",
                                    ranks=n if info.kind == "cpu" else 1)
