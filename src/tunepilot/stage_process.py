@@ -12,15 +12,34 @@ memory the restore proof's fresh process could not have (and the parent never to
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tunepilot.errors import UserError
+from tunepilot.proc.messages import Message
 from tunepilot.results.base import StageResult
 
 if TYPE_CHECKING:
     from tunepilot.pipeline import Ctx, Say, Stage
 
 STAGE_TIMEOUT_S = 12 * 3600
+
+
+class StageJob(Message):
+    """One stage of `tunepilot run` for its own process: the spec, the run directory, the
+    catalog files and the run's options."""
+
+    stage: str
+    spec: dict[str, Any]
+    run_dir: str
+    catalog_paths: list[str]
+    options: dict[str, Any]
+    base_dir: str | None = None
+
+
+class StageDone(Message):
+    """The stage's file, written in the run directory."""
+
+    file: str
 
 
 def in_own_process(c: Ctx, stage: Stage) -> StageResult:
@@ -31,19 +50,19 @@ def in_own_process(c: Ctx, stage: Stage) -> StageResult:
 
     o = c.options
     paths = [str(p) for p in getattr(c.catalog, "_paths", ())]
-    job = {"stage": stage.name, "spec": c.spec.model_dump(mode="json"),
-           "run_dir": str(c.run.path), "catalog_paths": paths,
-           "options": {k: getattr(o, k) for k in RunOptions.__dataclass_fields__
-                       if k not in ("catalog", "base_dir")}
-           | ({"nproc": _scale_ranks(c)} if stage.name == "scale" else {}),
-           "base_dir": str(o.base_dir) if o.base_dir is not None else None}
+    job = StageJob(stage=stage.name, spec=c.spec.model_dump(mode="json"),
+                   run_dir=str(c.run.path), catalog_paths=paths,
+                   options={k: getattr(o, k) for k in RunOptions.__dataclass_fields__
+                            if k not in ("catalog", "base_dir")}
+                   | ({"nproc": _scale_ranks(c)} if stage.name == "scale" else {}),
+                   base_dir=str(o.base_dir) if o.base_dir is not None else None)
     logs = c.run.logs_dir()
     feed = logs / f"{stage.name}-progress.jsonl"
     feed.write_text("")
     tail = _ProgressTail(feed, c.say)
     tail.start()
     try:
-        run_child("tunepilot.stage_process", job, timeout_s=STAGE_TIMEOUT_S,
+        run_child("tunepilot.stage_process", job, StageDone, timeout_s=STAGE_TIMEOUT_S,
                   what=f"the {stage.name} stage", log_path=logs / f"{stage.name}-stage.log")
     except ChildFailed as exc:
         if exc.error.get("error") in ("UserError", "SpecError"):
@@ -96,7 +115,7 @@ class _ProgressTail:
         self._drain()
 
 
-def _stage_child(job: dict) -> dict:
+def _stage_child(job: StageJob) -> StageDone:
     """The child side of in_own_process: run one stage, write its file."""
     import json
 
@@ -105,24 +124,24 @@ def _stage_child(job: dict) -> dict:
     from tunepilot.spec import spec_from_dict
     from tunepilot.store import RunDir
 
-    user = [Path(p) for p in job["catalog_paths"] if Path(p) != DEFAULT_CATALOG_PATH]
+    user = [Path(p) for p in job.catalog_paths if Path(p) != DEFAULT_CATALOG_PATH]
     catalog = load_catalog(user[-1] if user else None)
-    opts = dict(job["options"])
+    opts = dict(job.options)
     opts["restore_steps"] = tuple(opts["restore_steps"])
     options = RunOptions(**opts, catalog=catalog,
-                         base_dir=Path(job["base_dir"]) if job["base_dir"] else None)
-    feed = Path(job["run_dir"]) / "logs" / f"{job['stage']}-progress.jsonl"
+                         base_dir=Path(job.base_dir) if job.base_dir else None)
+    feed = Path(job.run_dir) / "logs" / f"{job.stage}-progress.jsonl"
 
     def say(msg: str, done: int | None = None, total: int | None = None) -> None:
         with open(feed, "a", encoding="utf-8") as f:
             f.write(json.dumps([msg, done, total]) + "\n")
 
-    spec = spec_from_dict(job["spec"], source="the staged pilot's job")
-    c = Ctx(spec, RunDir(job["run_dir"]), options, catalog, say)
-    stage = next(s for s in STAGES if s.name == job["stage"])
+    spec = spec_from_dict(job.spec, source="the staged pilot's job")
+    c = Ctx(spec, RunDir(job.run_dir), options, catalog, say)
+    stage = next(s for s in STAGES if s.name == job.stage)
     result = stage.run(c)
     c.run.write(result, c.spec_hash)
-    return {"file": str(c.run.file(stage.name))}
+    return StageDone(file=str(c.run.file(stage.name)))
 
 
 if __name__ == "__main__":
@@ -130,4 +149,4 @@ if __name__ == "__main__":
 
     from tunepilot.proc.child import child_main
 
-    sys.exit(child_main(_stage_child))
+    sys.exit(child_main(_stage_child, StageJob))

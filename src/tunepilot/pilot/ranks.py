@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from tunepilot.proc.messages import Message
 from tunepilot.results.figure import Figure
 from tunepilot.results.pilot import PilotResult, RankPilot
 
@@ -36,11 +35,9 @@ DOES_NOT_FIT_EXIT = 3
 M = Figure.measured
 
 
-class RankPilotJob(BaseModel):
+class RankPilotJob(Message):
     """What every rank of a sharded pilot runs."""
 
-    model_config = ConfigDict(extra="forbid")
-    version: int = 1
     spec: dict[str, Any]
     device: str  # "cpu" | "cuda"
     threads: int = 1
