@@ -65,7 +65,7 @@ def test_an_efficiency_above_100_percent_on_cpu_ranks_is_noise_not_a_recommendat
     """scale then reported DDP at 102% efficiency and recommended it."""
     from tunepilot.scaling.analysis import recommend
 
-    base = SimpleNamespace(useful_tokens_per_s=1000.0)
+    base = SimpleNamespace(useful_tokens_per_s=1000.0, world_size=1)
     results = {"ddp": _strategy(1.02, 2040.0), "fsdp": _strategy(0.80, 1600.0)}
     rec = recommend(results, base, 2, "cpu")
     assert rec.strategy is None and rec.inconclusive
