@@ -181,3 +181,20 @@ def test_the_cost_per_million_keeps_its_digits_for_any_term_over_any_useful_outp
 
     assert _cost_per_million(10**12, 1e-6) == Decimal("1e22")  # $1e10 over a millionth of a token, per million
     assert _cost_per_million(0, 1.0) == 0
+
+
+def test_a_dataset_with_no_whole_micro_batch_is_refused_by_the_quote(tmp_path):
+    # the fuzzer's seed 20261206 (dataset, case 6): one pair at micro_batch_size 2 profiled to
+    # 0 steps per epoch, and the quote multiplied by its missing useful fraction
+    (tmp_path / "data.jsonl").write_text('{"prompt": "a short answer", "chosen": "yes", '
+                                         '"rejected": "no"}\n')
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "one-pair", "model": {"preset": "tiny"}, "method": {"kind": "lora"},
+        "sequence_length": 16, "micro_batch_size": 2, "objective": {"kind": "dpo"},
+        "data": {"source": "jsonl", "path": "data.jsonl", "tokenizer": str(TOKENIZER),
+                 "format": "preference"}, "target": {"epochs": 1}}))
+    assert run_cli("data", spec)[0] == 0
+    code, _, err = run_cli("quote", spec, "--card", "h100", "--hours", "1")
+    assert code == 2 and "micro_batch_size" in err and "fills no whole micro-batch" in err
+    assert "Traceback" not in err

@@ -85,6 +85,18 @@ class DataProfile(StageResult):
 
     def useful_fraction_figure(self, spec) -> Figure:
         b = self.used
+        if b.useful_fraction.value is None:  # the loader draws no whole micro-batch
+            from tunepilot.errors import UserError
+
+            unit = ("pair" if self.format == "preference" else "sample") + \
+                ("s" if self.samples != 1 else "")
+            raise UserError(
+                "micro_batch_size",
+                f"the dataset ({self.samples:,} {unit} after skipping bad rows) fills no whole "
+                f"micro-batch of {self.micro_batch_size} x {self.world_size} rank(s): the loader "
+                "drops the incomplete one, so an epoch trains nothing.",
+                "lower micro_batch_size (or the ranks), or give the dataset more samples, and "
+                "run `tunepilot data` again")
         return Figure.measured(b.useful_fraction.value, "fraction",
                                f"dataset profile (tunepilot data): trained tokens / token "
                                f"positions of the {'packed' if self.packing else 'padded'} "
