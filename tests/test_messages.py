@@ -14,7 +14,7 @@ from tunepilot.proc.child import read_message, write_message
 from tunepilot.proc.messages import MESSAGE_VERSION, Message
 
 MODULES = ("tunepilot.scaling.messages", "tunepilot.restore.messages",
-           "tunepilot.plan.trace.messages", "tunepilot.pilot.ranks", "tunepilot.stage_process")
+           "tunepilot.plan.trace.messages", "tunepilot.pilot.ranks", "tunepilot.pipeline.stage_process")
 
 
 @pytest.mark.parametrize("name", MODULES)

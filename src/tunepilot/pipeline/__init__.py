@@ -407,7 +407,7 @@ STAGES = (
 
 
 OWN_PROCESS = ("pilot", "restore", "scale")
-"""stages that run real steps: each in a fresh process (stage_process.py), so none inherits
+"""stages that run real steps: each in a fresh process (pipeline/stage_process.py), so none inherits
 another's allocator cache (a GPU's reserve held by the pilot is memory the restore proof's
 process cannot have)"""
 
@@ -423,7 +423,7 @@ def _result_of(c: Ctx, stage: Stage) -> tuple[StageResult, bool]:
             return earlier, True
         c.say(f"{stage.name}: running again: {why}")
     if stage.name in OWN_PROCESS:
-        from tunepilot.stage_process import in_own_process
+        from tunepilot.pipeline.stage_process import in_own_process
 
         result = in_own_process(c, stage)
     else:

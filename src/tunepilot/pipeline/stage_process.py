@@ -2,7 +2,7 @@
 inherits another's allocator cache: a GPU's reserve the pilot's process still held would be
 memory the restore proof's fresh process could not have (and the parent never touches the GPU).
 
-    parent: in_own_process(ctx, stage) -> python -m tunepilot.stage_process JOB RESULT
+    parent: in_own_process(ctx, stage) -> python -m tunepilot.pipeline.stage_process JOB RESULT
             (proc/child.run_child), following the progress lines the child appends to
             RUN_DIR/logs/<stage>-progress.jsonl and saying them as the stage would have
     child:  the stage's own run function, its result written to RUN_DIR/<stage>.json; a UserError
@@ -43,7 +43,7 @@ class StageDone(Message):
 
 
 def in_own_process(c: Ctx, stage: Stage) -> StageResult:
-    """Run ``stage`` in a fresh ``python -m tunepilot.stage_process`` process; its progress
+    """Run ``stage`` in a fresh ``python -m tunepilot.pipeline.stage_process`` process; its progress
     comes back through a file the parent follows; its result is the stage file it wrote."""
     from tunepilot.pipeline import RunOptions, _scale_ranks
     from tunepilot.proc.child import ChildFailed, run_child
@@ -62,7 +62,7 @@ def in_own_process(c: Ctx, stage: Stage) -> StageResult:
     tail = _ProgressTail(feed, c.say)
     tail.start()
     try:
-        run_child("tunepilot.stage_process", job, StageDone, timeout_s=STAGE_TIMEOUT_S,
+        run_child("tunepilot.pipeline.stage_process", job, StageDone, timeout_s=STAGE_TIMEOUT_S,
                   what=f"the {stage.name} stage", log_path=logs / f"{stage.name}-stage.log")
     except ChildFailed as exc:
         if exc.error.get("error") in ("UserError", "SpecError"):
