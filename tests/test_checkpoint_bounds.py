@@ -151,14 +151,35 @@ def _flip(ckpt: Path) -> None:
     p.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("tamper", [_add_shard, _bad_progress, _bad_scheduler, _flip])
+def _resealed_shard(ckpt: Path) -> None:
+    """the fuzzer's seed 20261206, checkpoint case 917: a shard cut short, the manifest
+    resealed over it"""
+    p = next((ckpt / "model").glob("*.distcp"))
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    reseal(ckpt)
+
+
+@pytest.mark.parametrize("tamper", [_add_shard, _bad_progress, _bad_scheduler, _flip,
+                                    _resealed_shard])
 def test_export_refuses_whatever_verify_rejects(run_dir, tamper):
     ckpt = run_dir / CKPT
     tamper(ckpt)
-    assert not inspect_checkpoint(ckpt, load=False).ok
-    with pytest.raises(ExportError, match="damaged"):
+    if tamper is not _resealed_shard:  # resealed: only loading it finds the damage
+        assert not inspect_checkpoint(ckpt, load=False).ok
+    with pytest.raises(ExportError, match="damaged") as err:
         export_run(run_dir, str(run_dir.parent / "dest"))
+    assert "Traceback" not in str(err.value)  # DCP's exception quotes its ranks' tracebacks
     assert not (run_dir.parent / "dest").exists()
+
+
+def test_a_failed_dcp_load_is_named_by_the_ranks_own_error_in_one_line():
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from tunepilot.checkpoint.inspect import load_error
+
+    exc = CheckpointException("load", {0: (ValueError("bad header\nat byte 8"), None)})
+    assert "Traceback" in str(exc)
+    assert load_error(exc) == "rank 0: ValueError: bad header at byte 8"
 
 
 def test_an_export_into_the_run_directory_is_refused(run_dir):

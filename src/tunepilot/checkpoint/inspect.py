@@ -283,7 +283,19 @@ def _load_dcp(directory: Path, encoding: str) -> str | None:
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
         if isinstance(exc, KeyboardInterrupt):
             raise
-        return f"cannot be loaded ({type(exc).__name__}: {str(exc)[:200]})"
+        return f"cannot be loaded ({load_error(exc)})"
+
+
+def load_error(exc: BaseException) -> str:
+    """What a failed load says, in one line: DCP's CheckpointException quotes each rank's whole
+    traceback in its text, so it is the rank's own exception that is named."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, pair = next(iter(failures.items()))
+        inner = pair[0] if isinstance(pair, tuple) else pair
+        return f"rank {rank}: {load_error(inner)}"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200]}"
 
 
 def _load_hf(p: Path, rels: list[str]) -> list[dict]:
@@ -311,8 +323,7 @@ def _load_hf(p: Path, rels: list[str]) -> list[dict]:
             if rel.startswith("rng_state_"):
                 rank = int(rel[len("rng_state_"):].split(".")[0])
             out.append({"component": comp, "file": rel, "rank": rank,
-                        "problem": f"cannot be loaded ({type(exc).__name__}: "
-                                   f"{str(exc)[:200]})"})
+                        "problem": f"cannot be loaded ({load_error(exc)})"})
     return out
 
 
