@@ -37,6 +37,7 @@ PACKAGES = {
 HF_ATTENTION = {"flash-attention-2": "flash_attention_2", "flash-attention-3": "flash_attention_3",
                 "flex": "flex_attention"}
 TORCHAO_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise"}
+FP8_LABEL = " (torchao float8)"  # an FP8 precision's entry among the kernels
 
 
 @dataclass
@@ -57,7 +58,7 @@ class KernelChoice:
         out = []
         if self.ran:
             out.append(f"kernels {', '.join(self.ran)}: ran as the spec says (measured)")
-        fp8 = [k for k in self.stand_ins if k.startswith("fp8")]
+        fp8 = [k for k in self.stand_ins if k.endswith(FP8_LABEL)]
         other = {k: v for k, v in self.stand_ins.items() if k not in fp8}
         if other:
             out.append(f"kernels {'; '.join(f'{k} ({why})' for k, why in other.items())}: not "
@@ -86,7 +87,7 @@ def _why_not(name: str, device, spec, has: Callable[[str], bool]) -> str | None:
         return "Triton/CUDA kernels need a GPU; this pilot runs on the CPU"
     if name in ("unsloth", "unsloth_gradient_checkpointing"):
         return "Unsloth replaces the model's code; tunepilot's step builds transformers' own"
-    if name == "transformer_engine" or (name == "fp8" and str(spec.precision) == "fp8-te"):
+    if name == "transformer_engine" or (name == "fp8" and spec.precision.fp8_recipe.own_modules):
         return ("Transformer Engine trains through its own modules under te.fp8_autocast, not a "
                 "patch of transformers' model")
     package, pip, least = PACKAGES[name]
@@ -129,8 +130,8 @@ def choose(spec, device, has: Callable[[str], bool] = _installed) -> KernelChoic
         if not on:
             continue
         why = _why_not(name, device, spec, has)
-        label = {"liger": f"liger {', '.join(k.liger)}", "fp8": f"{spec.precision} (torchao "
-                 "float8)"}.get(name, name)
+        label = {"liger": f"liger {', '.join(k.liger)}",
+                 "fp8": f"{spec.precision}{FP8_LABEL}"}.get(name, name)
         if why is None:
             out.ran.append(label)
             continue

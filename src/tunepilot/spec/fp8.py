@@ -44,6 +44,12 @@ class Fp8Recipe:
     scales in extra_state) that a checkpoint must save"""
     source: str
 
+    @property
+    def own_modules(self) -> bool:
+        """The recipe trains through modules of its own (Transformer Engine's te.Linear under
+        te.fp8_autocast), not a patch of transformers' model (torchao's Float8Linear)."""
+        return self.library.startswith("NVIDIA Transformer Engine")
+
 
 RECIPES = {
     "fp8-tensorwise": Fp8Recipe(
