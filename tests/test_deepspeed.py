@@ -263,3 +263,27 @@ def test_deepspeed_itself_runs_where_it_is_installed_and_a_gpu_is_at_hand():
     if out.stdout.startswith("skipped:"):
         pytest.skip(out.stdout.strip())
     assert "ZeRO-3 allocated" in out.stdout
+
+
+def test_a_pure_bf16_config_under_deepspeed_imports_as_the_engines_bf16_mixed(tmp_path):
+    """DeepSpeed's bf16 engine keeps an fp32 master copy and fp32 optimizer state in the ZeRO
+    optimizer whatever the model was loaded in: bf16-true would plan the module in 32 bit (the
+    ZeRO rules read it as not mixed) and the optimizer state in bf16."""
+    raw = yaml.safe_load((CONFIGS / "axolotl-lora-8b.yml").read_text())
+    raw.pop("adapter", None)  # a full fine-tune: axolotl's bf16 is bf16-true
+    raw["deepspeed"] = str(DS / "ds_z3_config.json")
+    p = tmp_path / "ax.yml"
+    p.write_text(yaml.safe_dump(raw))
+    r = import_config(p, options=ImportOptions(synthetic_data=True))
+    assert r.spec.method.kind == "full" and r.spec.precision == r.spec.precision.deepspeed_engine
+    assert r.spec.precision.mixed
+    assert any("not bf16-true" in n for n in r.notes)
+
+
+def test_a_bf16_true_deepspeed_spec_is_refused_naming_precision():
+    spec = spec_from_dict({"model": {"preset": "llama-3.2-1b"}, "method": {"kind": "full"},
+                           "precision": "bf16-true", "parallel": {
+                               "strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 2}}})
+    with pytest.raises(SpecError, match="bf16-mixed for a deepspeed run") as e:
+        analytic_plan(spec, resolve_arch(spec))
+    assert e.value.field == "precision"

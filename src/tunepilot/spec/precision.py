@@ -151,6 +151,13 @@ class Precision(str):
         (and fp32, rare in published runs) the bf16 cell."""
         return str(self) if self.is_fp8 else "bf16"
 
+    @property
+    def deepspeed_engine(self) -> Precision:
+        """The precision DeepSpeed's engine trains in: its bf16 engine holds the module in bf16
+        and keeps an fp32 master copy and fp32 optimizer state in the ZeRO optimizer, whatever
+        dtype the model was loaded in - so bf16-true runs as bf16-mixed."""
+        return Precision("bf16-mixed") if self == "bf16-true" else self
+
     # --- FP8 ----------------------------------------------------------------------------
     @property
     def fp8_recipe(self) -> Fp8Recipe | None:

@@ -163,6 +163,15 @@ def _finish(m: Mapper, options: ImportOptions) -> None:
     elif options.devices and options.devices > 1:
         m.spec["parallel"] = {"strategy": "ddp", "devices": options.devices}
         m.note(f"--devices {options.devices}: planned as DDP")
+    if par and par.get("strategy") == "deepspeed" and m.spec.get("precision"):
+        from tunepilot.spec.precision import Precision
+
+        p = Precision(m.spec["precision"])
+        if p.deepspeed_engine != p:
+            m.spec["precision"] = str(p.deepspeed_engine)
+            m.note(f"precision {p.deepspeed_engine} under DeepSpeed, not {p}: its bf16 engine "
+                   "holds the module in bf16 and keeps an fp32 master copy and fp32 optimizer "
+                   "state in the ZeRO optimizer, whatever dtype the model was loaded in")
     _schedule(m)
     _tf32(m)
     if m.spec.get("data", {}).get("source") in (None, "synthetic"):

@@ -78,6 +78,12 @@ def rank_view(spec: RunSpec, arch: Arch) -> RankView:
     if par.strategy == "deepspeed" and spec.precision.is_fp8:
         raise SpecError("precision", f"{spec.precision} under DeepSpeed is not planned.",
                         "Plan FP8 with strategy fsdp or ddp, or use bf16-mixed with deepspeed.")
+    if par.strategy == "deepspeed" and spec.precision.deepspeed_engine != spec.precision:
+        raise SpecError("precision", f"{spec.precision} is not how DeepSpeed trains: its bf16 "
+                        "engine holds the module in bf16 but keeps an fp32 master copy and fp32 "
+                        "optimizer state in the ZeRO optimizer, whatever dtype the model was "
+                        "loaded in.", f"Write precision: {spec.precision.deepspeed_engine} for "
+                        "a deepspeed run (bf16-true is FSDP's or DDP's pure-bf16 run).")
     t, c, sp = par.tensor, par.context, par.sequence_parallel
     split = c * (t if sp else 1)  # ranks a sample's tokens are divided over
     notes: list[str] = []
