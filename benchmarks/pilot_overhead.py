@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 TARGET = 1.01
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", default=str(HERE.parent / "examples" / "tiny.yaml"))
     ap.add_argument("--rounds", type=int, default=20, help="A B B A rounds")
@@ -39,7 +39,11 @@ def main() -> int:
                     help="auto: the GPU when there is one (the sampler then reads NVML)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1: least disturbed by other processes on the machine)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = _args()
     warnings.filterwarnings("ignore", message=".*set_vital.*")
     import torch
 
@@ -115,13 +119,19 @@ def main() -> int:
               "ratio_of_step_medians": statistics.median(inst) / statistics.median(bare),
               "per_round": per_round, "per_round_quartiles": [q[0], q[2]],
               "target": TARGET, "meets_target": ratio <= TARGET}
+    _show(result, args, spec, info, bare, inst, q)
+    return 0
+
+
+def _show(result: dict, args, spec, info, bare: list[float], inst: list[float], q) -> None:
+    ratio = result["ratio_median_of_rounds"]
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"pilot instrumentation overhead ({spec.label} on {info.kind} {info.name!r}, "
               f"{len(bare)} steps each side, "
               f"{args.rounds} rounds A B B A in blocks of {args.block}, "
-              f"{torch.get_num_threads()} torch thread(s)):")
+              f"{result['torch_threads']} torch thread(s)):")
         print(f"  bare loop      {sum(bare):8.3f} s  (median step "
               f"{statistics.median(bare) * 1e3:.2f} ms)")
         print(f"  instrumented   {sum(inst):8.3f} s  (median step "
@@ -131,7 +141,6 @@ def main() -> int:
               f"{result['ratio_of_step_medians']:.4f}); target <= {TARGET}")
         print(f"  per-round ratios: quartiles {q[0]:.4f} .. {q[2]:.4f} (the noise of this machine: "
               "a spread wider than the target means the difference is not resolved)")
-    return 0
 
 
 if __name__ == "__main__":

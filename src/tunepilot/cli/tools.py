@@ -199,31 +199,44 @@ def launch(
     from tunepilot.catalog import load_catalog
     from tunepilot.cli.common import load_run_spec
     from tunepilot.cost.terms import parse_duration
-    from tunepilot.errors import UserError
     from tunepilot.launch import plan_launch
-    from tunepilot.launch import submit as do_submit
-    from tunepilot.store import atomic_write_bytes
 
     run_spec = load_run_spec(spec, quiet=as_json)
     cat = load_catalog(catalog)
     the_card = cat.get(card)
     term_s = parse_duration(hours, None, required=False)
     h = float(term_s) / 3600 if term_s else None
-    if not spot and (spot_rate is not None or from_dir is not None):
-        raise UserError("--spot-rate" if spot_rate is not None else "--from",
-                        "applies with --spot.", "Add --spot, or drop it.")
+    limit_s = _launch_flags(via, spot, spot_rate, from_dir, time_limit)
     spot_quote = _spot_for_launch(run_spec, spec, the_card, count, cat, spot_rate, from_dir) \
         if spot else None
-    from tunepilot.launch.walltime import parse_time_limit
-
-    limit_s = parse_time_limit(time_limit) if time_limit else None
-    if time_limit and via != "slurm":
-        raise UserError("--time-limit", "applies to --via slurm (a SkyPilot cluster is "
-                        "stopped or torn down after its job instead).", "Drop it.")
     text, plan = plan_launch(spec, run_spec, the_card, count=count, via=via, out=out, hours=h,
                              gpus_per_node=gpus_per_node, install=install, wheel=wheel,
                              spot=spot_quote, teardown=teardown, idle_minutes=idle_minutes,
                              time_limit_s=limit_s, catalog=cat)
+    _write_launch(plan, text, out, via, submit, as_json)
+
+
+def _launch_flags(via: str, spot: bool, spot_rate: str | None, from_dir: Path | None,
+                  time_limit: str | None) -> float | None:
+    """The flags that apply only together, checked; the Slurm time limit in seconds."""
+    from tunepilot.errors import UserError
+    from tunepilot.launch.walltime import parse_time_limit
+
+    if not spot and (spot_rate is not None or from_dir is not None):
+        raise UserError("--spot-rate" if spot_rate is not None else "--from",
+                        "applies with --spot.", "Add --spot, or drop it.")
+    limit_s = parse_time_limit(time_limit) if time_limit else None
+    if time_limit and via != "slurm":
+        raise UserError("--time-limit", "applies to --via slurm (a SkyPilot cluster is "
+                        "stopped or torn down after its job instead).", "Drop it.")
+    return limit_s
+
+
+def _write_launch(plan, text: str, out: Path, via: str, submit: bool, as_json: bool) -> None:
+    """Write the task file (an sbatch script executable), submit it if asked, show the plan."""
+    from tunepilot.launch import submit as do_submit
+    from tunepilot.store import atomic_write_bytes
+
     for w in plan.warnings:
         say(f"warning: {w}")
     atomic_write_bytes(out, text.encode())

@@ -135,25 +135,10 @@ def _phase_bytes(p: TracedPhase) -> dict:
     return {c: getattr(p, f"{c}_bytes") for c in TRACED_COMPONENTS}
 
 
-def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stack: str,
-                     arch: Arch | None = None) -> MemoryPlan:
-    """Turn the child's trace (single device) into the plan of `spec` on one of its ranks
-    (``arch`` for what is modelled on top of the trace: activation offloading)."""
-    N, strategy = spec.parallel.world_size, spec.parallel.strategy
-    notes = list(raw.notes)
-    if arch is None and (spec.parallel.model_parallel or strategy == "deepspeed"):
-        raise ValueError("a tensor/context-parallel or DeepSpeed spec's traced plan needs the "
-                         "architecture")
-    from tunepilot.plan.trace.parallel import target_notes
-
-    notes += target_notes(spec)
-    if arch is not None and in_use(spec):  # what the kernels and adapter variants change
-        notes += kernel_notes(arch, spec)
-    if arch is not None:
-        from tunepilot.plan.analytic.phases import objective_notes
-
-        notes += objective_notes(spec, arch)
-    phases_in = [dict(_phase_bytes(p), name=p.name) for p in raw.phases]
+def _modelled_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, stack: str,
+                       phases_in: list[dict], notes: list[str]) -> list[dict]:
+    """What the CPU trace cannot run, modelled on its phases: activation offloading and the
+    optimizer in the backward, torch.compile's fusion, FP8 over its bf16 stand-in."""
     if offloads_activations(spec) or spec.optimizer_in_backward:
         phases_in = _levers_on_trace(spec, arch, raw, phases_in)
         notes += lever_notes(spec)
@@ -165,13 +150,21 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
         notes.append(f"torch_compile: traced eager; saved activations x "
                      f"{COMPILE_SAVED_FRACTION:g} for Inductor's recompute of pointwise ops "
                      "(MODELLED, not traced)")
-    buckets = 0
     if spec.precision.is_fp8:  # the trace ran the bf16 stand-in: FP8 is modelled on top
         phases_in = _fp8_on_trace(spec, arch, stack, phases_in)
         notes.append(f"{spec.precision}: traced as bf16-mixed (FP8 kernels do not run on a "
                      "CPU); FP8's difference in each phase - weight casts, saved inputs, the "
                      "FP8 working set, the FP8 all-gather - from the analytic model "
                      "(plan/analytic/fp8.py), MODELLED, not traced")
+    return phases_in
+
+
+def _strategy_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult,
+                       phases_in: list[dict], notes: list[str]) -> tuple[list[dict], int]:
+    """The traced rank under its strategy: (its phases, the collective buffers) - FSDP's shard
+    (and CPU offload), tensor/context parallel, DeepSpeed ZeRO, DDP's gradient buckets."""
+    strategy = spec.parallel.strategy
+    buckets = 0
     dp = spec.parallel.replicas
     sharded = strategy == "fsdp" and dp > 1
     if sharded and (raw.fsdp_version is None or raw.world_size != dp):
@@ -195,6 +188,32 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
         buckets = raw.model.trainable_bytes
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
                      "gradient_as_bucket_view=False) added to every phase")
+    return phases_in, buckets
+
+
+def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stack: str,
+                     arch: Arch | None = None) -> MemoryPlan:
+    """Turn the child's trace (single device) into the plan of `spec` on one of its ranks
+    (``arch`` for what is modelled on top of the trace: activation offloading)."""
+    N, strategy = spec.parallel.world_size, spec.parallel.strategy
+    notes = list(raw.notes)
+    if arch is None and (spec.parallel.model_parallel or strategy == "deepspeed"):
+        raise ValueError("a tensor/context-parallel or DeepSpeed spec's traced plan needs the "
+                         "architecture")
+    from tunepilot.plan.trace.parallel import target_notes
+
+    notes += target_notes(spec)
+    if arch is not None and in_use(spec):  # what the kernels and adapter variants change
+        notes += kernel_notes(arch, spec)
+    if arch is not None:
+        from tunepilot.plan.analytic.phases import objective_notes
+
+        notes += objective_notes(spec, arch)
+    phases_in = [dict(_phase_bytes(p), name=p.name) for p in raw.phases]
+    phases_in = _modelled_on_trace(spec, arch, raw, stack, phases_in, notes)
+    phases_in, buckets = _strategy_on_trace(spec, arch, raw, phases_in, notes)
+    dp = spec.parallel.replicas
+    sharded = strategy == "fsdp" and dp > 1
     phases = [Phase.of(p["name"], dict(p, collective_buffers=buckets)) for p in phases_in]
     peak = max(phases, key=lambda p: p.total_bytes)
     load_peak = analytic.per_device.load_peak_bytes
