@@ -38,9 +38,12 @@ demo: venv
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "chromium could not be installed: the browser test will skip"
 
+# Two pytest workers (TEST_WORKERS=1 for one), a test file to a worker: the slow tests spend
+# much of their time waiting on the torchrun ranks and processes they start.
+TEST_WORKERS ?= 2
 test: venv browser skyvenv
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The tests not marked slow (no real training run, torchrun group or browser): a quick signal
 # for a newcomer; `make test` runs them all.

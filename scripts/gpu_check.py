@@ -267,7 +267,9 @@ class Check:
         """`tunepilot run` end to end on this device: every gate and the decision."""
         out = self.work / "run-8b"
         args = ["run", spec, "--out", str(out), "--json"] + (
-            ["--card", card, "--count", "1", "--hours", "72"] if card else [])
+            ["--card", card, "--count", "1", "--hours", "72"] if card else []) + (
+            # the CPU's smoke run leaves the 2-rank scaling to the demo's own test
+            ["--nproc", "1", "--pilot-max-steps", "10"] if self.smoke else [])
         r = self.run("run-8b", self.tunepilot(*args), 330)
         d = out / "decision.json"
         r["figures"] = {"decision": json.loads(d.read_text()) if d.exists() else None,
