@@ -71,11 +71,13 @@ def _with_offload(run, spec, arch, card, projected: float) -> tuple[float, str |
 
 
 def medians(rows: list[dict]) -> dict:
+    from tunepilot.spec.precision import Precision
+
     out = {}
     for held in (True, False):
         for fp8 in (False, True):
             errs = [abs(r["error"]) for r in rows
-                    if r["held_out"] == held and r["precision"].startswith("fp8") == fp8]
+                    if r["held_out"] == held and Precision(r["precision"]).is_fp8 == fp8]
             key = f"{'held_out' if held else 'fit'}_{'fp8' if fp8 else 'bf16'}"
             out[key] = {"median_abs_error": statistics.median(errs) if errs else None,
                         "runs": len(errs)}

@@ -12,7 +12,8 @@ from tunepilot.errors import SpecError
 from tunepilot.spec import Precision, spec_from_dict
 from tunepilot.spec.precision import NAMES
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "tunepilot"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "tunepilot"
 OWNER = SRC / "spec" / "precision.py"
 STRING_TESTS = ("startswith", "endswith")
 
@@ -116,6 +117,13 @@ def precision_comparisons(source: str) -> list[int]:
             hit = _mentions_precision(node.func.value) or any(
                 _precision_literal(a) and not (isinstance(a, ast.Constant) and a.value in
                                                ("fp32", "bf16", "fp16")) for a in node.args)
+        elif isinstance(node, ast.Subscript):  # TABLE[spec.precision]: a table keyed by name
+            hit = _mentions_precision(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr == "get" and node.args:  # TABLE.get(spec.precision, ...)
+            hit = _mentions_precision(node.args[0])
+        elif isinstance(node, ast.Match):  # match spec.precision: case "bf16-true": ...
+            hit = _mentions_precision(node.subject)
         if hit:
             out.append(node.lineno)
     return out
@@ -124,12 +132,16 @@ def precision_comparisons(source: str) -> list[int]:
 def test_the_grep_catches_what_it_should():
     code = ('a = spec.precision == "fp32"\nb = x.precision.endswith("-mixed")\n'
             'c = precision in FP8_PRECISIONS\nd = p != "bf16-true"\n'
-            'e = spec.precision.compute_bytes\nf = spec.frozen_base_dtype == "fp32"\n')
-    assert precision_comparisons(code) == [1, 2, 3, 4]
+            'e = spec.precision.compute_bytes\nf = spec.frozen_base_dtype == "fp32"\n'
+            'g = TOLERANCE[spec.precision]\nh = TOLERANCE.get(precision, 1)\n'
+            'match spec.precision:\n    case "fp32":\n        pass\n')
+    assert sorted(precision_comparisons(code)) == [1, 2, 3, 4, 7, 8, 9]
 
 
 def test_no_precision_string_is_compared_outside_spec_precision():
-    hits = [f"{f.relative_to(SRC)}:{line}" for f in sorted(SRC.rglob("*.py")) if f != OWNER
+    files = [f for d in (SRC, ROOT / "benchmarks", ROOT / "scripts")
+             for f in sorted(d.rglob("*.py")) if f != OWNER]
+    hits = [f"{f.relative_to(ROOT)}:{line}" for f in files
             for line in precision_comparisons(f.read_text())]
     assert hits == [], ("compare precision through spec.precision's properties "
                         "(spec/precision.py), not its string: " + ", ".join(hits))

@@ -18,6 +18,7 @@ from tunepilot.scaling.topology import (
     parse_rocm_smi_topo,
 )
 from tunepilot.spec import spec_from_dict
+from tunepilot.spec.precision import Precision
 
 # --- captured outputs ------------------------------------------------------------------------
 
@@ -314,14 +315,14 @@ def test_compare_and_recommend_on_made_up_records():
                                      [5.0, 4.0])])
     ddp = analysis.summarize([_record(0, 2, "ddp", 0.6, [list("ac"), list("eg")], [5.0, 4.0]),
                             _record(1, 2, "ddp", 0.6, [list("bd"), list("fh")], [5.0, 4.0])])
-    r = analysis.compare(ddp, base, batches, "fp32", 2)
+    r = analysis.compare(ddp, base, batches, Precision("fp32"), 2)
     assert r.efficiency == pytest.approx((100 / 0.6) / (2 * 100 / 1.0))
     assert r.data_order_same and r.loss_agrees and r.all_ranks_reported
     assert r.figures["efficiency"].unit == "ratio" and r.figures["efficiency"].is_measured
     assert r.overhead_s_per_step == pytest.approx(0.6 - 0.5)
     swapped = analysis.summarize([_record(0, 2, "ddp", 0.6, [list("bd"), list("eg")], [5.0, 4.2]),
                                 _record(1, 2, "ddp", 0.6, [list("ac"), list("fh")], [5.0, 4.2])])
-    bad = analysis.compare(swapped, base, batches, "fp32", 2)
+    bad = analysis.compare(swapped, base, batches, Precision("fp32"), 2)
     assert not bad.data_order_same and bad.data_order_first_mismatch_step == 0
     assert not bad.loss_agrees
     fsdp = r.model_copy(update={"useful_tokens_per_s": r.useful_tokens_per_s * 0.98,

@@ -26,6 +26,14 @@ __all__ = ["TunepilotCallback", "resume_from"]
 _PRECISION = {"bf16-mixed": "bf16-mixed", "16-mixed": "fp16-mixed", "bf16-true": "bf16-true",
               "bf16": "bf16-mixed", "16": "fp16-mixed", "transformer-engine": "fp8-te",
               "transformer-engine-float16": "fp8-te"}
+
+
+def _lightning_flag(trainer) -> str:
+    """Lightning's own precision flag (a string of Lightning's, not a tunepilot precision):
+    _PRECISION translates it, as an importer translates a trainer config's keys."""
+    return str(trainer.precision)
+
+
 _OPTIMIZERS = {"AdamW": "adamw", "Adam": "adamw", "SGD": "sgd", "Adafactor": "adafactor",
                "AdamW8bit": "adamw_8bit", "PagedAdamW": "paged_adamw",
                "PagedAdamW8bit": "paged_adamw_8bit"}
@@ -125,7 +133,7 @@ class TunepilotCallback(Callback):
             spec, arch, notes = derive_spec(
                 model, rec.out_dir, micro_batch_size=self._micro_batch or 1,
                 accumulation=accum, sequence_length=seq,
-                precision=_PRECISION.get(str(trainer.precision), "fp32"),
+                precision=_PRECISION.get(_lightning_flag(trainer), "fp32"),
                 optimizer=_OPTIMIZERS.get(type(opt).__name__, "adamw") if opt else None,
                 lr=opt.param_groups[0].get("lr") if opt else None,
                 world_size=max(1, int(trainer.world_size)), name=self.name or rec.out_dir.name,

@@ -36,7 +36,6 @@ PACKAGES = {
 }
 HF_ATTENTION = {"flash-attention-2": "flash_attention_2", "flash-attention-3": "flash_attention_3",
                 "flex": "flex_attention"}
-TORCHAO_RECIPES = {"fp8-tensorwise": "tensorwise", "fp8-rowwise": "rowwise"}
 FP8_LABEL = " (torchao float8)"  # an FP8 precision's entry among the kernels
 
 
@@ -181,7 +180,8 @@ def apply_kernels(spec, model, device) -> list[str]:
 
         cce_patch(model)
         done.append("cut_cross_entropy")
-    recipe = TORCHAO_RECIPES.get(str(spec.precision))
+    fp8 = spec.precision.fp8_recipe
+    recipe = fp8.torchao_recipe if fp8 is not None else None
     if recipe is not None and _installed("torchao") and not spec.method.is_lora:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 

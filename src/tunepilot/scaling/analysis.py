@@ -14,14 +14,9 @@ from tunepilot.results.scale import (
     StrategyResult,
 )
 from tunepilot.scaling.messages import RankRecord
+from tunepilot.spec.precision import Precision
 from tunepilot.units import fmt_bytes
 
-# Largest |loss(N ranks) - loss(1 rank)| over the same global batches that still counts as
-# agreement. fp32: only the order of the reduction differs (all-reduce of per-rank means vs one
-# mean); float32 eps is 2^-23, so after a few Adam steps differences stay near 1e-6; 1e-3 leaves
-# room for longer runs. bf16 (8 bits of mantissa, eps 2^-8 = 0.0039): a loss of ~2-10 moves by a
-# few hundredths when rounding differs.
-LOSS_TOLERANCE = {"fp32": 1e-3, "bf16-mixed": 5e-2, "fp16-mixed": 5e-2, "bf16-true": 1e-1}
 SAME_SPEED_FRACTION = 0.05  # throughputs within 5% are a tie (few steps: that is the noise)
 
 
@@ -100,14 +95,14 @@ def interleave(per_rank: list[list[str]]) -> list[str]:
     return out
 
 
-def compare(run: LaunchSummary, base: LaunchSummary, batches: BatchPlan, precision: str,
+def compare(run: LaunchSummary, base: LaunchSummary, batches: BatchPlan, precision: Precision,
             nproc: int) -> StrategyResult:
     """The verdict of one strategy against the baseline (1 rank, or the smallest rank count
     that fits): efficiency is per-rank throughput relative to the baseline's per rank."""
     w = run.world_size
     eff = run.useful_tokens_per_s * base.world_size / (w * base.useful_tokens_per_s)
     diffs = [abs(a - b) for a, b in zip(run.losses, base.losses, strict=True)]
-    tol = LOSS_TOLERANCE.get(precision, 5e-2)
+    tol = precision.rank_loss_tolerance  # the largest |loss(N) - loss(baseline)| that agrees
     order = [i for i, (a, b) in enumerate(zip(run.samples, base.samples, strict=True)) if a != b]
     per_micro_s = base.step_time_s.median / batches.baseline_accumulation
     overhead = run.step_time_s.median - per_micro_s * batches.accumulation

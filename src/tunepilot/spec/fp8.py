@@ -43,6 +43,8 @@ class Fp8Recipe:
     """the modules keep scaling state of their own (Transformer Engine's amax history and
     scales in extra_state) that a checkpoint must save"""
     source: str
+    torchao_recipe: str | None = None
+    """torchao's Float8LinearConfig.from_recipe_name (None: not a torchao recipe)"""
 
     @property
     def own_modules(self) -> bool:
@@ -58,13 +60,14 @@ RECIPES = {
         "pytorch/ao torchao/float8/float8_linear.py @7ca1bfbe: matmul_with_hp_or_float8_args "
         "saves input_hp and weight_hp_t (the bf16 input, the weight) and casts both to float8 in "
         "forward and again in backward; fsdp_utils.py WeightWithDynamicFloat8CastTensor "
-        "all-gathers float8"),
+        "all-gathers float8", torchao_recipe="tensorwise"),
     "fp8-rowwise": Fp8Recipe(
         "torchao Float8Linear (convert_to_float8_training, recipe rowwise)",
         "one fp32 scale per row (axiswise), re-cast along dim 0 for the weight gradient", False,
         False, 0, 2, False,
         "pytorch/ao torchao/float8/float8_linear.py @7ca1bfbe: the same saved tensors; axiswise "
-        "casts of grad_output and input along both dims; no float8 all-gather for rowwise"),
+        "casts of grad_output and input along both dims; no float8 all-gather for rowwise",
+        torchao_recipe="rowwise"),
     "fp8-te": Fp8Recipe(
         "NVIDIA Transformer Engine (te.Linear / LayerNormLinear / LayerNormMLP in te.fp8_autocast)",
         "per-tensor scales from an amax history (delayed) or the current tensor", False, True,

@@ -152,6 +152,17 @@ class Precision(str):
         return str(self) if self.is_fp8 else "bf16"
 
     @property
+    def rank_loss_tolerance(self) -> float:
+        """How far the same step's loss may move between rank counts, where only the order of
+        the reduction differs (all-reduce of per-rank means vs one mean). fp32: eps 2^-23, so
+        after a few Adam steps the differences stay near 1e-6 (1e-3 leaves room for longer
+        runs); bf16 (8 bits of mantissa, eps 2^-8): a loss of ~2-10 moves by a few hundredths
+        when rounding differs - more with bf16 parameters and optimizer state (bf16-true)."""
+        if self.all_fp32:
+            return 1e-3
+        return 5e-2 if self.mixed else 1e-1
+
+    @property
     def deepspeed_engine(self) -> Precision:
         """The precision DeepSpeed's engine trains in: its bf16 engine holds the module in bf16
         and keeps an fp32 master copy and fp32 optimizer state in the ZeRO optimizer, whatever
