@@ -221,3 +221,22 @@ def test_fsdp1_holds_its_shard_plus_a_unit_and_its_flat_copy(tmp_path):
     path.write_text(path.read_text().replace("devices: 2", "devices: 2\n  fsdp_version: 1"))
     for r in _launch(path, tmp_path / "out"):
         assert r["build_peak_bytes"] <= r["shard_bytes"] + 2 * max(r["unit_bytes"]), r
+
+
+def test_a_model_with_no_sdpa_path_is_built_with_eager_attention():
+    """gpt-oss has no SDPA path (its attention sinks): transformers refuses sdpa, so the build
+    (the trace's and the pilot's) takes eager, as the model's own recipes do."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoConfig
+
+    from tunepilot.model.build import _from_config
+
+    raw = json.loads((Path(__file__).parent / "data" / "configs" / "gpt-oss-20b.json").read_text())
+    hf = AutoConfig.for_model(**raw)
+    spec = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"}})
+    with torch.device("meta"):
+        model = _from_config(spec, hf)
+    assert model.config._attn_implementation == "eager"

@@ -139,8 +139,13 @@ def _from_config(spec: RunSpec, hf, dtype=None, device=None):
             hf.pad_token_id = 0  # the head pools the last non-pad token: it needs one
         return AutoModelForSequenceClassification.from_config(
             hf, attn_implementation=attention_impl(spec, device), dtype=dtype)
-    return AutoModelForCausalLM.from_config(hf, attn_implementation=attention_impl(spec, device),
-                                            dtype=dtype)
+    attn = attention_impl(spec, device)
+    try:
+        return AutoModelForCausalLM.from_config(hf, attn_implementation=attn, dtype=dtype)
+    except ValueError as exc:  # a model with no SDPA path (gpt-oss: its attention sinks)
+        if attn != "sdpa" or "does not support an attention implementation" not in str(exc):
+            raise
+        return AutoModelForCausalLM.from_config(hf, attn_implementation="eager", dtype=dtype)
 
 
 def _finish(spec: RunSpec, model):
