@@ -95,7 +95,7 @@ def _data_parallel(spec: RunSpec, arch: Arch) -> list[Collective]:
 def _zero(spec: RunSpec, arch: Arch, n: int, A: int, trained: int, total: int
           ) -> list[Collective]:
     ds = spec.parallel.deepspeed
-    b16 = 2 if spec.precision.mixed else 4
+    b16 = spec.precision.compute_bytes  # DeepSpeed's module: its 16-bit engine, or fp32
     overlap = ds.overlaps
     if ds.stage == 0:
         return [Collective("all-reduce", "data", n, trained * b16, 1, False,

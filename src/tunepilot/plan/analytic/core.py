@@ -348,8 +348,8 @@ def _load_peak(spec: RunSpec, counts: ParamCounts, s: States, largest_weight: in
     stored = s.frozen_bytes + s.trainable_bytes
     par = spec.parallel
     if par.strategy == "deepspeed":
-        b16 = 2 if spec.precision.mixed else 4
-        stored = s.frozen_bytes + (s.trainable_bytes * b16) // (4 if spec.precision.mixed else b16)
+        b16 = spec.precision.compute_bytes  # DeepSpeed's module: its 16-bit engine, or fp32
+        stored = s.frozen_bytes + (s.trainable_bytes * b16) // spec.precision.parameter_bytes
         ds = par.deepspeed
         if ds.stage < 3 or not ds.zero3_init:
             return stored + 2 * largest_weight

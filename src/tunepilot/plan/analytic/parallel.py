@@ -194,7 +194,7 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
                 ) -> States:
     """DeepSpeed ZeRO's states on one rank (see the module docstring for each stage)."""
     ds, N = spec.parallel.deepspeed, spec.parallel.replicas
-    b16 = 2 if spec.precision.mixed else 4  # the module's dtype (bf16/fp16 engine, or fp32)
+    b16 = spec.precision.compute_bytes  # the module's dtype (bf16/fp16 engine, or fp32)
     t = params.trainable
     weights = s.frozen_bytes + t * b16  # the module: frozen base as stored, trainables in b16
     master, grads, optim, temp = 4 * t, t * b16, s.optim, s.optim_temp

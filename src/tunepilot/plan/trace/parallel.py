@@ -68,7 +68,7 @@ def target_notes(spec: RunSpec) -> list[str]:
     if par.strategy == "deepspeed":
         notes.append(f"DeepSpeed ZeRO-{par.deepspeed.stage}: the step traced on one device as "
                      "DeepSpeed's engine runs it (the module in "
-                     f"{'16' if spec.precision.mixed else '32'}-bit, no autocast); ZeRO's partitioning "
+                     f"{spec.precision.compute_bytes * 8}-bit, no autocast); ZeRO's partitioning "
                      "applied to the traced states by the analytic plan's rules - DeepSpeed "
                      "itself does not run on fake tensors")
     if par.context > 1:
@@ -136,7 +136,7 @@ def zero_on_trace(spec: RunSpec, arch: Arch, raw, phases: list[dict]
     view = rank_view(spec, arch)
     counts = task_counts(view.states_arch, spec)
     m = raw.model
-    b16 = 2 if spec.precision.mixed else 4
+    b16 = spec.precision.compute_bytes  # DeepSpeed's module: its 16-bit engine, or fp32
     to_fp32 = 4 / b16
     weights = max(p["weights"] for p in phases)
     grads_max = max(max(p["gradients"] for p in phases), 1)
