@@ -20,7 +20,7 @@ from tunepilot.catalog import Card, Catalog, load_catalog
 from tunepilot.errors import UserError
 from tunepilot.model.arch import Arch, resolve_arch
 from tunepilot.plan.analytic.core import analytic_plan
-from tunepilot.plan.fit import DEFAULT_HEADROOM, Planner, fit_card, note_context
+from tunepilot.plan.fit import DEFAULT_HEADROOM, Planner, Probes, fit_card, note_context
 from tunepilot.plan.host import attach_host
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
@@ -70,7 +70,8 @@ def _finish(plan: MemoryPlan, spec: RunSpec, arch: Arch, cards: list[Card], plan
     """The tail every way of planning shares: each card's fit (its inverse queries by
     ``planner``), the cards left out, the host plan, the spec's hash, and - for cards the user
     chose - a colocated vLLM that leaves no room refused as bad input."""
-    plan.cards = [fit_card(spec, arch, card, planner, headroom, plan) for card in cards]
+    probes = Probes(spec, arch, planner)
+    plan.cards = [fit_card(spec, arch, card, planner, headroom, plan, probes) for card in cards]
     plan.assumptions += left_out
     note_context(plan, spec, arch)
     attach_host(plan, spec, arch, cards, headroom)

@@ -5,6 +5,7 @@ weights once (tests/test_arch*.py build each layout on the meta device to check 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from tunepilot.model.arch.core import Arch, LinearSpec, MoeLayout
 
@@ -59,8 +60,10 @@ def _largest_layer(arch: Arch, specs: list[LinearSpec]) -> tuple[int, int]:
     return attention, max(mlp.values())
 
 
+@lru_cache(maxsize=256)
 def param_counts(arch: Arch, moe_layout: MoeLayout | None = None) -> ParamCounts:
-    """Count every parameter of ``AutoModelForCausalLM.from_config(cfg)`` without building it."""
+    """Count every parameter of ``AutoModelForCausalLM.from_config(cfg)`` without building it.
+    Cached: an Arch is frozen, and a plan's fit asks for the same counts hundreds of times."""
     specs = linear_modules(arch, moe_layout)
     layer_vectors = sum(arch.vectors_per_layer)
     attention, mlp = _largest_layer(arch, specs)
