@@ -83,3 +83,41 @@ def test_a_trace_far_from_the_formula_says_which_the_plan_uses_and_why():
     verdict = trusted(far, analytic)
     assert verdict["uses"] == "trace" and verdict["difference_fraction"] == pytest.approx(0.25)
     assert "+25%" in verdict["text"] and "temporary" in verdict["text"]
+
+
+def test_gpt_oss_with_a_flash_kernel_and_an_experts_loop_traces_as_the_gpu_runs_it():
+    """gpt-oss has no SDPA path in transformers (attention sinks), so it is built eager; axolotl
+    runs it with FlashAttention 3 (sinks supported) and its experts as a Python loop. The trace
+    fell back (nonzero on fake tensors), and eager attention would keep each layer's
+    (heads, s, s) scores that the kernel never holds: now it traces, as the flash kernel."""
+    cfg = {"model_type": "gpt_oss", "num_key_value_heads": 2, "head_dim": 32, **SMALL,
+           "num_attention_heads": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 128}
+    fields = {"method": {"kind": "lora"}, "precision": "bf16-true", "sequence_length": 512,
+              "moe": {"implementation": "eager"}}
+    flash = _trace(cfg, kernels={"attention": "flash-attention-3"}, **fields)
+    eager = _trace(cfg, kernels={"attention": "eager"}, **fields)
+    assert any("balanced routing" in n for n in flash.notes)
+    assert any("no SDPA path" in n for n in flash.notes)
+    assert not any("no SDPA path" in n for n in eager.notes)
+    s_by_s = 16 * 512 * 512  # one layer's attention scores, elements
+    assert eager.peak_bytes > flash.peak_bytes + s_by_s
+
+
+def test_a_fused_loss_finds_the_decoder_of_a_causal_lm_whose_base_model_is_itself():
+    """Llama4ForCausalLM names base_model_prefix "language_model" but holds ``model``: its
+    base_model is the CausalLM, and the fused-loss stand-in recursed into itself (the trace of
+    a Llama-4-Scout QLoRA run with cut cross-entropy fell back on a RecursionError)."""
+    from tunepilot.plan.trace.kernel_standins import _decoder
+
+    cfg = {"model_type": "llama4_text", "num_key_value_heads": 2, "head_dim": 32, **SMALL,
+           "num_local_experts": 4, "intermediate_size_mlp": 256}
+    raw = _trace(cfg, method={"kind": "lora"}, precision="bf16-true",
+                 kernels={"attention": "flash-attention-2", "cut_cross_entropy": True})
+    assert raw.peak_bytes > 0
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    body = {k: v for k, v in cfg.items() if k != "model_type"}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama4_text", **body))
+    assert model.base_model is model and _decoder(model) is model.model

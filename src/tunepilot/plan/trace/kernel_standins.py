@@ -365,14 +365,25 @@ def _liger_ce_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_i
     return _InPlaceCE.apply(x, y) / n
 
 
+def _decoder(causal_lm: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack under a CausalLM head: ``model`` by transformers' convention, else its
+    base model (Llama4ForCausalLM names a base_model_prefix it does not hold, so base_model is
+    the CausalLM itself, and calling it would recurse into this forward)."""
+    inner = getattr(causal_lm, "model", None)
+    if isinstance(inner, torch.nn.Module) and inner is not causal_lm:
+        return inner
+    base = causal_lm.base_model
+    return base if base is not causal_lm else causal_lm.get_decoder()
+
+
 def _fused_loss_forward(self, input_ids=None, attention_mask=None, labels=None,
                         num_items_in_batch=None, position_ids=None, **_kwargs):
     """The patched CausalLM forward (as Liger's lce_forward and CCE's patch): the decoder, then
     the loss from the hidden states and lm_head's weight, without logits."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    hidden = self.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                             position_ids=position_ids).last_hidden_state  # (b, s, h)
+    hidden = _decoder(self)(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids).last_hidden_state  # (b, s, h)
     head = self.get_output_embeddings()
     y = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[:, 1:].reshape(-1)
     h = hidden.reshape(-1, hidden.shape[-1])
@@ -426,3 +437,39 @@ def apply_kernel_standins(model: torch.nn.Module, spec, arch, notes: list[str]) 
         notes.append(f"kernels: {', '.join(w for w in what if w)} are GPU (Triton/CUDA) kernels; "
                      f"traced as PyTorch stand-ins saving what they save ({swapped} modules)")
     return swapped
+
+
+FLASH_STAND_IN = "tunepilot_flash_stand_in"
+
+
+def _flash_stand_in(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                    **kwargs):
+    """SDPA's flash kernel, causal and unmasked: it saves what the GPU's flash kernel saves (q,
+    k, v, the output, an fp32 logsumexp). Attention sinks (``s_aux``) and a sliding window change
+    which scores count, not what is kept; the sinks' own gradient is one value per head."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def flash_with_sinks(model: torch.nn.Module, spec, notes: list[str]) -> bool:
+    """A model built with eager attention because transformers has no SDPA path for it
+    (gpt-oss: attention sinks) while the spec runs a flash kernel that has one (FlashAttention
+    3 with sinks, axolotl's and the gpt-oss recipes' vllm-flash-attn3): eager would keep every
+    layer's (heads x s x s) scores, which the kernel never holds. The trace runs it as the
+    flash kernel instead."""
+    if spec.kernels.attention not in ("flash-attention-2", "flash-attention-3", "flex") or \
+            getattr(model.config, "_attn_implementation", None) != "eager":
+        return False
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(FLASH_STAND_IN, _flash_stand_in)
+    for module in model.modules():
+        cfg = getattr(module, "config", None)
+        if cfg is not None and getattr(cfg, "_attn_implementation", None) == "eager":
+            cfg._attn_implementation = FLASH_STAND_IN
+    notes.append(f"attention {spec.kernels.attention}: this model has no SDPA path in "
+                 "transformers (built eager); traced as the flash kernel, causal, sinks and "
+                 "sliding window aside (they change which scores count, not what is kept)")
+    return True

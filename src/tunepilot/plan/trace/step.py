@@ -27,9 +27,10 @@ from tunepilot.plan.trace.fsdp import (
     release_fake_process_group,
     shard_traced,
 )
-from tunepilot.plan.trace.kernel_standins import xielu_kernels
+from tunepilot.plan.trace.kernel_standins import flash_with_sinks, xielu_kernels
 from tunepilot.plan.trace.messages import TraceJob, TraceResult
 from tunepilot.plan.trace.replay import replayed
+from tunepilot.plan.trace.routing import balanced_routing
 from tunepilot.plan.trace.standins import (
     CudaAutocastInRecompute,
     CudaAutocastRules,
@@ -139,6 +140,7 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
         if sharded and spec.method.kind == "qlora":
             packed_nf4(model, spec)
         if t.fake_mode is not None:
+            balanced_routing(model, t.notes)
             to_fake(model, t.fake_mode)
         if spec.method.kind == "qlora" and not sharded:
             t.nf4 = emulate_nf4(model, spec)
@@ -149,6 +151,7 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
 
     def prepare_reference(model):  # the frozen copy of a full run's DPO/GRPO reference
         if t.fake_mode is not None:
+            balanced_routing(model, [])
             to_fake(model, t.fake_mode)
         if sharded:  # sharded like the policy
             with t.fake_mode or contextlib.nullcontext():
@@ -192,6 +195,7 @@ def kernel_standins(model, spec: RunSpec, config: dict, notes: list[str]) -> int
     if spec.kernels.attention in ("flash-attention-2", "flash-attention-3", "flex"):
         notes.append(f"attention {spec.kernels.attention}: a GPU kernel; traced as SDPA's flash "
                      "kernel, which saves the same (q, k, v, output, fp32 logsumexp)")
+    flash_with_sinks(model, spec, notes)
     if not spec.kernels.any:
         return 0
     from tunepilot.model.arch import Arch
