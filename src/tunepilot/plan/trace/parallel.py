@@ -43,8 +43,12 @@ _TP_KEYS = (("num_attention_heads", "n_head"), ("num_key_value_heads",),
 def trace_target(spec: RunSpec, config: dict, arch: Arch) -> tuple[RunSpec, dict]:
     """The spec and config the child traces for one rank of `spec`."""
     par = spec.parallel
+    experts = par.expert > 1 and par.strategy != "fsdp"
     if not (par.model_parallel or par.strategy == "deepspeed"):
-        return spec, config
+        if not experts:
+            return spec, config
+        return (spec.with_changes(parallel=dict(par.model_dump(), expert=1)),
+                expert_config(config, par.expert))
     step = rank_view(spec, arch).step_spec
     if par.strategy == "fsdp":
         parallel = dict(par.model_dump(), devices=par.replicas, nodes=1, tensor=1,
@@ -54,6 +58,8 @@ def trace_target(spec: RunSpec, config: dict, arch: Arch) -> tuple[RunSpec, dict
     step = step.with_changes(parallel=parallel)
     if par.tensor > 1:
         config = tensor_config(config, arch, par.tensor)
+    if experts:
+        config = expert_config(config, par.expert)
     return step, config
 
 
@@ -71,6 +77,14 @@ def target_notes(spec: RunSpec) -> list[str]:
                      f"{spec.precision.compute_bytes * 8}-bit, no autocast); ZeRO's partitioning "
                      "applied to the traced states by the analytic plan's rules - DeepSpeed "
                      "itself does not run on fake tensors")
+    if par.expert > 1 and par.strategy != "fsdp":
+        notes.append(f"expert parallel {par.expert}: the rank traced with 1/{par.expert} of each "
+                     "MoE layer's routed experts and the same top-k, so its experts compute "
+                     "the tokens x top-k pairs a balanced all-to-all brings each rank")
+    elif par.expert > 1:
+        notes.append(f"expert parallel {par.expert} under FSDP: the trace shards every expert "
+                     "over all the ranks; the plan's expert states follow the analytic rule "
+                     "(a rank's experts over the ranks holding the same ones)")
     if par.context > 1:
         notes.append(f"context parallel {par.context}: the trace ran "
                      f"{spec.sequence_length // par.context} tokens per sample, the ring's K/V "
@@ -86,6 +100,25 @@ def tensor_config(config: dict, arch: Arch, t: int) -> dict:
         if key is not None:
             out[key] = max(1, -(-int(out[key]) // t))
     out["head_dim"] = arch.head_dim
+    return out
+
+
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def expert_config(config: dict, e: int) -> dict:
+    """An expert-parallel rank's slice of the model as a config of the same family: each MoE
+    layer with 1/e of its routed experts (top-k kept, at most the experts it holds); a
+    multimodal config's text_config sliced the same way."""
+    out = dict(config)
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = expert_config(out["text_config"], e)
+        return out
+    key = next((k for k in _EXPERT_KEYS if out.get(k)), None)
+    if key is not None:
+        out[key] = max(1, int(out[key]) // e)
+        if out.get("num_experts_per_tok"):
+            out["num_experts_per_tok"] = min(int(out["num_experts_per_tok"]), out[key])
     return out
 
 
