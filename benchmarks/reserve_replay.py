@@ -32,8 +32,9 @@ def replay(row: dict) -> dict:
 
     spec = spec_from_dict(row["spec"], source=row["id"])
     cfg = resolve_model_config(spec)
-    analytic = analytic_plan(spec, Arch.from_config(cfg), "cuda")
-    traced = traced_plan_from(spec, trace_in_child(spec, cfg, "cuda"), analytic, "cuda")
+    arch = Arch.from_config(cfg)
+    analytic = analytic_plan(spec, arch, "cuda")
+    traced = traced_plan_from(spec, trace_in_child(spec, cfg, "cuda"), analytic, "cuda", arch)
     measured = row["max_memory_reserved_gib"] * GIB
     out = {"id": row["id"], "what": row["what"], "measured_reserved_bytes": measured,
            "measured_allocated_bytes": row["max_memory_allocated_gib"] * GIB}

@@ -145,13 +145,21 @@ def _modelled_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, stack
     if spec.torch_compile:  # the trace runs eager: compile's fusion is modelled on top of it
         from tunepilot.plan.analytic.activations import COMPILE_SAVED_FRACTION
 
-        for p in phases_in:
-            p["activations"] = int(p["activations"] * COMPILE_SAVED_FRACTION)
-        notes.append(f"torch_compile: traced eager; saved activations x "
-                     f"{COMPILE_SAVED_FRACTION:g} for Inductor's recompute of pointwise ops "
-                     "(MODELLED, not traced)")
+        if arch is None:
+            raise ValueError("a compiled spec on a traced plan needs the architecture")
+        phases_in = _difference_on_trace(spec, spec.with_changes(torch_compile=False), arch,
+                                         stack, phases_in)
+        notes.append(f"torch_compile: traced eager; compile's difference from the analytic "
+                     f"plan (a layer's pointwise outputs x {COMPILE_SAVED_FRACTION:g}, recomputed "
+                     "by Inductor: every layer's without checkpointing, the recomputed layer's "
+                     "with it - checkpointed tensors are kept as they are) (MODELLED, not "
+                     "traced)")
     if spec.precision.is_fp8:  # the trace ran the bf16 stand-in: FP8 is modelled on top
-        phases_in = _fp8_on_trace(spec, arch, stack, phases_in)
+        from tunepilot.spec.fp8 import bf16_stand_in
+
+        if arch is None:
+            raise ValueError("an FP8 spec on a traced plan needs the architecture")
+        phases_in = _difference_on_trace(spec, bf16_stand_in(spec), arch, stack, phases_in)
         notes.append(f"{spec.precision}: traced as bf16-mixed (FP8 kernels do not run on a "
                      "CPU); FP8's difference in each phase - weight casts, saved inputs, the "
                      "FP8 working set, the FP8 all-gather - from the analytic model "
@@ -378,27 +386,24 @@ def _levers_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, phases:
     return out
 
 
-def _fp8_on_trace(spec: RunSpec, arch: Arch | None, stack: str, phases: list[dict]
-                  ) -> list[dict]:
-    """Each traced phase of the bf16 stand-in plus FP8's difference in the analytic plan's
-    matching phase (fp8 minus bf16, per component, never below zero)."""
-    from tunepilot.spec.fp8 import bf16_stand_in
-
-    if arch is None:
-        raise ValueError("an FP8 spec on a traced plan needs the architecture")
-    fp8 = {p.name: p for p in analytic_plan(spec, arch, stack).phases}
-    bf16 = {p.name: p for p in analytic_plan(bf16_stand_in(spec), arch, stack).phases}
-    backward = max(("loss-backward", "backward-end"), key=lambda n: bf16[n].total_bytes)
+def _difference_on_trace(spec: RunSpec, traced_as: RunSpec, arch: Arch, stack: str,
+                         phases: list[dict]) -> list[dict]:
+    """Each traced phase (of ``traced_as``: FP8's bf16 stand-in, a compiled step run eager)
+    plus the spec's difference from it in the analytic plan's matching phase (per component,
+    never below zero)."""
+    want = {p.name: p for p in analytic_plan(spec, arch, stack).phases}
+    base = {p.name: p for p in analytic_plan(traced_as, arch, stack).phases}
+    backward = max(("loss-backward", "backward-end"), key=lambda n: base[n].total_bytes)
     out = []
     for p in phases:
         name = p["name"]
         match = ("forward-end" if name.endswith("forward") else backward
                  if name.endswith("backward") else "optimizer-step"
-                 if name.startswith("optimizer") else name if name in fp8 else None)
+                 if name.startswith("optimizer") else name if name in want else None)
         q = dict(p)
         if match is not None:
             for c in TRACED_COMPONENTS:
-                delta = getattr(fp8[match], f"{c}_bytes") - getattr(bf16[match], f"{c}_bytes")
+                delta = getattr(want[match], f"{c}_bytes") - getattr(base[match], f"{c}_bytes")
                 q[c] = max(0, p[c] + delta)
         out.append(q)
     return out
