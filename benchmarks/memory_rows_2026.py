@@ -58,6 +58,9 @@ MAX_LEN = "peak sample length not published (planned at max_length 2048)"
 # modules, gpt-oss's training path, axolotl's linearized Llama 4 experts)
 LOOP = {"implementation": "eager"}
 MEGATRON = "Megatron-LM's distributed optimizer planned as ZeRO-1"
+LINEARIZED = ("axolotl's linearized checkpoint (each expert an nn.Linear, quantized to NF4, run "
+              "by its own loop) is planned as transformers' Llama 4: fused 3-D experts that "
+              "bitsandbytes leaves in bf16 and that run every expert on every token")
 
 ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
     "ms1": ("qwen3-8b", dict(SWIFT, method=SWIFT_LORA), [MAX_LEN]),
@@ -146,14 +149,15 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                  kernels={"attention": "flex", "liger": ["rms_norm", "swiglu"],
                           "cut_cross_entropy": True}),
             ["the vision tower axolotl loads (Llama4ForConditionalGeneration) and its LoRA "
-             "Triton kernels are not planned"]),
+             "Triton kernels are not planned", LINEARIZED]),
     "ax8": ("llama-4-scout-17b-16e",
             dict(AX, moe=LOOP, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0,
                                            quant_storage="bf16"),
                  sequence_length=4096, micro_batch_size=2, optimizer={"name": "adamw_4bit"},
                  kernels={"attention": "flex", "liger": ["rms_norm", "swiglu"]},
                  parallel={"strategy": "fsdp", "devices": 4}),
-            ["the vision tower axolotl loads (Llama4ForConditionalGeneration) is not planned"]),
+            ["the vision tower axolotl loads (Llama4ForConditionalGeneration) is not planned",
+             LINEARIZED]),
     "ax9": ("mistral-small-24b", dict(AX, method=dict(AX_QLORA, lora_dropout=0.0,
                                                       lora_targets="all-linear"),
                                       gradient_accumulation_steps=4,

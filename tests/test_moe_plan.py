@@ -288,3 +288,24 @@ def test_the_trace_of_an_expert_parallel_rank_holds_its_share_of_the_experts(tmp
     left_out = analytic1.per_device.weights_bytes - theirs  # half the routed experts
     assert abs((traced1.per_device.weights_bytes - ours) - left_out) <= 0.05 * left_out
     assert any("expert parallel 2: the rank traced with 1/2" in n for n in traced.assumptions)
+
+
+def test_qlora_leaves_fused_experts_in_the_base_dtype():
+    """bitsandbytes quantizes nn.Linear modules only (transformers' replace_with_bnb_linear):
+    transformers >= 5 stores each layer's experts as 3-D parameters, which stay in bf16 under
+    QLoRA. The plan counted them as NF4: Qwen3-30B-A3B QLoRA planned with ~16 GiB of weights
+    where the model loads ~56."""
+    from tunepilot.model.arch import installed_moe_layout
+    from tunepilot.plan.analytic.core import analytic_plan
+
+    arch = Arch.from_config(load_preset("qwen3-30b-a3b"))
+    spec = spec_from_dict({"model": {"preset": "qwen3-30b-a3b"}, "method": {"kind": "qlora"}})
+    plan = analytic_plan(spec, arch)
+    counts = param_counts(arch)
+    if installed_moe_layout() != "fused":
+        pytest.skip("transformers 4.x: one nn.Linear per expert, which bitsandbytes quantizes")
+    assert plan.per_device.weights_bytes >= 2 * counts.routed_experts
+    assert any("QLoRA on fused MoE experts" in n for n in plan.assumptions)
+    dense = spec_from_dict({"model": {"preset": "llama-3.1-8b"}, "method": {"kind": "qlora"}})
+    assert not any("fused MoE" in n for n in analytic_plan(
+        dense, Arch.from_config(load_preset("llama-3.1-8b"))).assumptions)

@@ -73,6 +73,13 @@ def frozen_bytes(spec: RunSpec, arch: Arch, params: ParamSplit, counts: ParamCou
     notes.append("QLoRA: NF4 base (bitsandbytes) for the decoder linears"
                  + (" and lm_head" if m.quantize_lm_head else "") + "; embeddings, norms"
                  + ("" if m.quantize_lm_head else " and lm_head") + " kept in 16 bit")
+    fused = sum(s.numel * s.layers for s in linear_modules(arch) if s.peft_kind == "parameter")
+    if fused:
+        notes.append(f"QLoRA on fused MoE experts: {fused / 1e9:.2f}B parameters of routed "
+                     "experts (and router) are 3-D parameters in transformers >= 5, not "
+                     f"nn.Linear, so bitsandbytes leaves them in {spec.frozen_base_dtype} "
+                     "(a checkpoint with linearized experts, as axolotl ships for Llama 4, "
+                     "quantizes them)")
     return (int(quant * (NF4_BYTES_PER_PARAM + absmax))
             + DTYPE_BYTES[spec.frozen_base_dtype] * (counts.total - quant))
 
@@ -82,8 +89,10 @@ def model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
     """Weights, master weights, gradients and optimizer state of the unsharded model."""
     _, _, pb = precision_bytes(spec)
     notes: list[str] = []
+    # bitsandbytes quantizes nn.Linear modules only: fused MoE experts (3-D parameters, as
+    # transformers >= 5 stores them) stay in the base dtype under QLoRA
     linear_weights = sum(m.in_features * m.out_features * m.count_per_layer * m.layers
-                         for m in linear_modules(arch))
+                         for m in linear_modules(arch) if m.peft_kind == "module")
     lm_head_weights = (spec.model.num_labels if spec.model.task == "sequence-classification"
                        else arch.vocab_size) * arch.hidden_size
     frozen = frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
