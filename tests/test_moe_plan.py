@@ -309,3 +309,27 @@ def test_qlora_leaves_fused_experts_in_the_base_dtype():
     dense = spec_from_dict({"model": {"preset": "llama-3.1-8b"}, "method": {"kind": "qlora"}})
     assert not any("fused MoE" in n for n in analytic_plan(
         dense, Arch.from_config(load_preset("llama-3.1-8b"))).assumptions)
+
+
+@pytest.mark.parametrize("preset,e", [("qwen3-30b-a3b", 4), ("deepseek-v3", 8),
+                                      ("deepseek-v3", 64), ("mixtral-8x7b", 2)])
+def test_an_expert_parallel_ranks_traced_config_holds_its_share_of_the_experts(preset, e):
+    """The config the trace builds for one expert-parallel rank: 1/e of the routed experts, the
+    same top-k where the rank holds that many, DeepSeek's routing groups within them."""
+    from tunepilot.plan.trace.parallel import expert_config
+
+    cfg = load_preset(preset)
+    arch, rank = Arch.from_config(cfg), Arch.from_config(expert_config(cfg, e))
+    assert rank.num_experts == arch.num_experts // e
+    assert rank.experts_per_token == min(arch.experts_per_token, rank.num_experts)
+    sliced = expert_slice_counts(arch, e)
+    assert param_counts(rank).routed_experts == sliced
+    out = expert_config(cfg, e)
+    if "n_group" in out:
+        assert rank.num_experts % out["n_group"] == 0 and out["topk_group"] <= out["n_group"]
+
+
+def expert_slice_counts(arch: Arch, e: int) -> int:
+    from tunepilot.model.arch import expert_slice
+
+    return param_counts(expert_slice(arch, e)).routed_experts

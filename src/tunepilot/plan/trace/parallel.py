@@ -22,6 +22,8 @@ and ZeRO's partitioning applied to the traced step. Parent side: no torch import
 
 from __future__ import annotations
 
+import math
+
 from tunepilot.model.arch import Arch
 from tunepilot.plan.analytic.activations import precision_bytes, saved_activations
 from tunepilot.plan.analytic.parallel import (
@@ -119,6 +121,9 @@ def expert_config(config: dict, e: int) -> dict:
         out[key] = max(1, int(out[key]) // e)
         if out.get("num_experts_per_tok"):
             out["num_experts_per_tok"] = min(int(out["num_experts_per_tok"]), out[key])
+        if out.get("n_group"):  # DeepSeek's group-limited routing: groups of the rank's experts
+            out["n_group"] = math.gcd(int(out["n_group"]), out[key])
+            out["topk_group"] = min(int(out.get("topk_group") or 1), out["n_group"])
     return out
 
 
