@@ -58,6 +58,18 @@ MAX_LEN = "peak sample length not published (planned at max_length 2048)"
 # modules, gpt-oss's training path, axolotl's linearized Llama 4 experts)
 LOOP = {"implementation": "eager"}
 MEGATRON = "Megatron-LM's distributed optimizer planned as ZeRO-1"
+# shisa-ai's Qwen3-30B-A3B SFT on 8 x MI300X: axolotl, DeepSpeed zero3_bf16.json (no live or
+# reused parameters kept: stage3_max_live_parameters / max_reuse_distance 0), packed 8192
+SHISA = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 8192,
+         "activation_checkpointing": "full", "optimizer": {"name": "adamw_8bit_torchao"},
+         "kernels": LIGER,
+         "parallel": {"strategy": "deepspeed", "devices": 8,
+                      "deepspeed": {"stage": 3, "overlap_comm": True,
+                                    "stage3_max_live_parameters": 0,
+                                    "stage3_max_reuse_distance": 0}}}
+SHISA_NOTE = ("an informal, rounded device-level figure ('about N GB VRAM'; the meter is not "
+              "stated); the transformers version, and so the MoE layout and experts "
+              "implementation, not stated (planned with the installed transformers')")
 LINEARIZED = ("axolotl's linearized checkpoint (each expert an nn.Linear, quantized to NF4, run "
               "by its own loop) is planned as transformers' Llama 4: fused 3-D experts that "
               "bitsandbytes leaves in bf16 and that run every expert on every token")
@@ -190,6 +202,9 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                  parallel={"strategy": "fsdp", "devices": 8}), []),
     "tt3": ("llama-3.1-8b", dict(TT, parallel={"strategy": "fsdp", "devices": 8,
                                                "nodes": 16}), []),
+    # 8 x MI300X (ROCm), axolotl + DeepSpeed ZeRO-3: a practitioner's "about N GB VRAM"
+    **{rid: ("qwen3-30b-a3b", dict(SHISA, micro_batch_size=mb), [SHISA_NOTE])
+       for rid, mb in (("sh1", 8), ("sh2", 16), ("sh3", 32))},
 }
 
 # Rows no spec can write down (planned without the setting would mislead): left out, said.
@@ -205,7 +220,12 @@ KIND_2026: dict[str, tuple[str, int]] = {
                      "ax3", "ax4", "ax5", "ax6", "tt1", "tt2", "tt3"),
                     ("reserved_peak_bytes", 2**30)),
     **dict.fromkeys(("pe1", "pe2", "pe3", "pe4"), ("device_peak_bytes", 2**30)),
+    **dict.fromkeys(("sh1", "sh2", "sh3"), ("device_peak_bytes", 2**30)),
 }
+
+# The software stack a row ran on, where it is not CUDA: the MI300X rows (the reserve replay,
+# workspace and runtime context of resources/runtime.yaml's rocm stack)
+STACK_2026 = dict.fromkeys(("sh1", "sh2", "sh3"), "rocm")
 
 # Usable memory of the card a row ran on, where the published reserve met it: ms4 and ms6 ran
 # at the A800 80GB's capacity (81,920 MiB).

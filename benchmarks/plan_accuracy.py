@@ -33,6 +33,7 @@ from memory_rows_2026 import (  # noqa: E402 - benchmarks/ is on sys.path when r
     KIND_2026,
     NOT_PLANNED_2026,
     ROWS_2026,
+    STACK_2026,
     WHY_2026,
 )
 from tunepilot.model.arch import Arch
@@ -234,12 +235,13 @@ def on_card(row_id: str, key: str, figures: dict) -> int:
     card leaves the allocator (plan/reserve/core.py reserved_on_card)."""
     got = figures[key]
     if key == "reserved_peak_bytes" and row_id in CARD_BYTES:
-        usable = CARD_BYTES[row_id] - runtime_constants()["stacks"]["cuda"]["context_bytes"]
+        stack = STACK_2026.get(row_id, "cuda")
+        usable = CARD_BYTES[row_id] - runtime_constants()["stacks"][stack]["context_bytes"]
         got = reserved_on_card(got, figures["allocated_peak_bytes"], usable)
     return got
 
 
-def traced_peak(spec, arch: Arch, config: dict) -> dict:
+def traced_peak(spec, arch: Arch, config: dict, stack: str = "cuda") -> dict:
     """The traced figures compared against published peaks: the allocated, reserved and device
     peaks of one CUDA device, and a note (the attention path, or the reason the trace fell back,
     in which case the peaks are absent)."""
@@ -248,8 +250,8 @@ def traced_peak(spec, arch: Arch, config: dict) -> dict:
 
     config = config or resolve_model_config(spec)  # a preset row: the preset's config
     try:
-        plan = traced_plan_from(spec, trace_in_child(spec, config, "cuda"),
-                                analytic_plan(spec, arch, "cuda"), "cuda", arch)
+        plan = traced_plan_from(spec, trace_in_child(spec, config, stack),
+                                analytic_plan(spec, arch, stack), stack, arch)
     except TraceFailed as exc:
         return {"note": f"fallback: {exc}"}
     d = plan.per_device
@@ -269,16 +271,17 @@ def plan_rows(rows: list[dict], trace: bool) -> list[dict]:
         model, fields, unmodelled = ROWS[row["id"]]
         spec, arch, cfg = plan_row(model, fields)
         got, key = measured_bytes(row)
-        plan = analytic_plan(spec, arch)
+        stack = STACK_2026.get(row["id"], "cuda")
+        plan = analytic_plan(spec, arch, stack)
         a = on_card(row["id"], key, plan.per_device.model_dump())
         rec = {"id": row["id"], "model": row["model"], "method": row["method"],
                "seq": spec.sequence_length, "mb": int(row["micro_batch"]), "compare": key,
                "gpus": int(row["n_gpus"]), "measured_bytes": got, "analytic_bytes": a,
                "analytic_error": a / got - 1, "peak_phase": plan.peak_phase,
                "unmodelled": unmodelled, "why": WHY.get(row["id"]),
-               "source": row["source"].split()[0]}
+               "source": row["source"].split()[0], "stack": stack}
         if trace:
-            t = traced_peak(spec, arch, cfg)
+            t = traced_peak(spec, arch, cfg, stack)
             tb = on_card(row["id"], key, t) if t.get(key) else None
             rec.update(traced_bytes=tb, traced_error=tb / got - 1 if tb else None,
                        traced_note=t.get("note"), fsdp=t.get("fsdp"))
@@ -286,12 +289,16 @@ def plan_rows(rows: list[dict], trace: bool) -> list[dict]:
     return out
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
 def summarize(out: list[dict], trace: bool) -> dict:
     like = [r for r in out if not r["unmodelled"]]
     summary = {
         "rows": len(out), "like_for_like_rows": len(like),
         "analytic_median_abs_error_like_for_like": statistics.median(
-            abs(r["analytic_error"]) for r in like),
+            abs(r["analytic_error"]) for r in like) if like else None,
         "analytic_median_abs_error_all": statistics.median(abs(r["analytic_error"]) for r in out),
         "analytic_within_10pct": sum(abs(r["analytic_error"]) <= 0.10 for r in out),
     }
@@ -364,19 +371,19 @@ def show(out: list[dict], summary: dict, trace: bool) -> None:
     elif outside:
         print(f"\n{len(outside)} rows outside +-10% (analytic): "
               + ", ".join(r["id"] for r in outside) + " (--trace: the traced plan and causes)")
-    print(f"\nmedian |error| analytic: {summary['analytic_median_abs_error_like_for_like']:.1%} "
+    print(f"\nmedian |error| analytic: {_pct(summary['analytic_median_abs_error_like_for_like'])} "
           f"over the {summary['like_for_like_rows']} like-for-like rows; "
           f"{summary['analytic_median_abs_error_all']:.1%} over all {summary['rows']} rows; "
           f"{summary['analytic_within_10pct']} of {summary['rows']} within +-10%")
     if trace and summary.get("traced_median_abs_error_all") is not None:
-        print(f"median |error| traced:   {summary['traced_median_abs_error_like_for_like']:.1%} "
+        print(f"median |error| traced:   {_pct(summary['traced_median_abs_error_like_for_like'])} "
               f"like-for-like; {summary['traced_median_abs_error_all']:.1%} all; "
               f"{summary['traced_within_10pct']} of {summary['rows']} within +-10%, "
               f"{summary['traced_outside_explained']} outside with a stated cause, "
               f"{len(summary['traced_outside_unexplained'])} unexplained; "
               f"{summary['traced_fallbacks']} fallbacks; FSDP rows: "
               f"{summary['fsdp_rows_traced_per_rank']} of {summary['fsdp_rows']} traced per "
-              f"rank, median |error| {summary['traced_median_abs_error_fsdp']:.1%}")
+              f"rank, median |error| {_pct(summary['traced_median_abs_error_fsdp'])}")
     print("\nby source (median |error|):")
     for src, e in summary["by_source"].items():
         line = f"  {src:<28} {e['rows']:>3} rows  analytic {e['analytic_median_abs_error']:6.1%}"
