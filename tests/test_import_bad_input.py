@@ -157,3 +157,18 @@ def test_a_dataset_without_a_path_is_refused_naming_it(tmp_path, datasets):
                                  "datasets": datasets}))
     code, _, err = run_cli("import", p, "--tokenizer", TOKENIZER)
     assert code == 2 and "datasets" in err, err
+
+
+def test_save_only_model_and_group_by_length_are_said_not_ignored(tmp_path):
+    """Both change the run where set true - checkpoints that cannot resume, less padding - and
+    the spec has no field for either: import listed them as ignored."""
+    p = _axolotl(tmp_path, save_only_model=True, group_by_length=True)
+    result = import_config(p, options=ImportOptions(synthetic_data=True))
+    assert "save_only_model" not in result.ignored and "group_by_length" not in result.ignored
+    assert any(n.startswith("save_only_model: true") and "cannot resume" in n
+               for n in result.notes)
+    assert any(n.startswith("group_by_length: true") and "upper bound" in n
+               for n in result.notes)
+    off = import_config(_axolotl(tmp_path, save_only_model=False),
+                        options=ImportOptions(synthetic_data=True))
+    assert not any("save_only_model" in n for n in off.notes)

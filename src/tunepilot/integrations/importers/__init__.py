@@ -174,6 +174,7 @@ def _finish(m: Mapper, options: ImportOptions) -> None:
                    "state in the ZeRO optimizer, whatever dtype the model was loaded in")
     _schedule(m)
     _tf32(m)
+    _unplanned(m)
     if m.spec.get("data", {}).get("source") in (None, "synthetic"):
         _data_keys_unused(m)
     steps = m.spec.pop("_max_steps", None)
@@ -223,6 +224,21 @@ def _schedule(m: Mapper) -> None:
         if (per_epoch and not m.has(steps_key)) or str(value).lower() in ("no", "epoch"):
             m.note(f"{key} {value!r}: planned with {dotted} (a pass every so many steps); set "
                    "it from your run's steps per epoch")
+
+
+def _unplanned(m: Mapper) -> None:
+    """TrainingArguments switches that change what the run writes or pads, which the spec has
+    no field for: said, never dropped in silence."""
+    if truthy(m.get("save_only_model")):
+        m.note("save_only_model: true - the trainer's checkpoints hold the weights only (no "
+               "optimizer state, scheduler, RNG or data position): a run that stops cannot "
+               "resume exactly from them. tunepilot plans, quotes and proves (restore) full "
+               "checkpoints, which are larger and slower to write than these; set it false "
+               "to rent a term you can resume")
+    if truthy(m.get("group_by_length")):
+        m.note("group_by_length: true - batches of similar lengths pad less than the data "
+               "profile's random batches: the quote's padding, and so its hours, are an upper "
+               "bound")
 
 
 def _tf32(m: Mapper) -> None:
