@@ -293,7 +293,7 @@ def test_the_trace_of_an_expert_parallel_rank_holds_its_share_of_the_experts(tmp
 def test_qlora_leaves_fused_experts_in_the_base_dtype():
     """bitsandbytes quantizes nn.Linear modules only (transformers' replace_with_bnb_linear):
     transformers >= 5 stores each layer's experts as 3-D parameters, which stay in bf16 under
-    QLoRA. The plan counted them as NF4: Qwen3-30B-A3B QLoRA planned with ~16 GiB of weights
+    QLoRA. The plan counted them as NF4: Qwen3-30B-A3B QLoRA planned with 16.8 GiB of weights
     where the model loads ~56."""
     from tunepilot.model.arch import installed_moe_layout
     from tunepilot.plan.analytic.core import analytic_plan
