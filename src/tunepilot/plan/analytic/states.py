@@ -62,7 +62,8 @@ class States:
 
 
 def frozen_bytes(spec: RunSpec, arch: Arch, params: ParamSplit, counts: ParamCounts,
-                  linear_weights: int, lm_head_weights: int, notes: list[str]) -> int:
+                  linear_weights: int, lm_head_weights: int, notes: list[str],
+                  fused_weights: int = 0) -> int:
     """The frozen base: NF4 codes + absmax for QLoRA's quantized linears, else its dtype."""
     if spec.method.kind != "qlora":
         return params.frozen * (DTYPE_BYTES[spec.frozen_base_dtype] if params.frozen else 0)
@@ -73,9 +74,8 @@ def frozen_bytes(spec: RunSpec, arch: Arch, params: ParamSplit, counts: ParamCou
     notes.append("QLoRA: NF4 base (bitsandbytes) for the decoder linears"
                  + (" and lm_head" if m.quantize_lm_head else "") + "; embeddings, norms"
                  + ("" if m.quantize_lm_head else " and lm_head") + " kept in 16 bit")
-    fused = sum(s.numel * s.layers for s in linear_modules(arch) if s.peft_kind == "parameter")
-    if fused:
-        notes.append(f"QLoRA on fused MoE experts: {fused / 1e9:.2f}B parameters of routed "
+    if fused_weights:
+        notes.append(f"QLoRA on fused MoE experts: {fused_weights / 1e9:.2f}B parameters of routed "
                      "experts (and router) are 3-D parameters in transformers >= 5, not "
                      f"nn.Linear, so bitsandbytes leaves them in {spec.frozen_base_dtype} "
                      "(a checkpoint with linearized experts, as axolotl ships for Llama 4, "
@@ -91,11 +91,14 @@ def model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
     notes: list[str] = []
     # bitsandbytes quantizes nn.Linear modules only: fused MoE experts (3-D parameters, as
     # transformers >= 5 stores them) stay in the base dtype under QLoRA
+    linears = linear_modules(arch)
     linear_weights = sum(m.in_features * m.out_features * m.count_per_layer * m.layers
-                         for m in linear_modules(arch) if m.peft_kind == "module")
+                         for m in linears if m.peft_kind == "module")
+    fused_weights = sum(m.numel * m.layers for m in linears if m.peft_kind == "parameter")
     lm_head_weights = (spec.model.num_labels if spec.model.task == "sequence-classification"
                        else arch.vocab_size) * arch.hidden_size
-    frozen = frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes)
+    frozen = frozen_bytes(spec, arch, params, counts, linear_weights, lm_head_weights, notes,
+                          fused_weights)
     copies, copy_b = variants.saved_module_bytes(arch, spec)  # modules_to_save: base dtype
     trainable_bytes = (params.trainable - copies) * pb + copies * copy_b
     if spec.precision.mixed:  # the fp32 parameters updated are the master copy
