@@ -103,3 +103,38 @@ def test_the_root_help_lists_every_command_as_typer_does():
     assert full.exit_code == listed.exit_code == 0
     assert listed.output == full.output
     assert "Stages, in the order a run takes them" in listed.output
+
+
+def _fresh(code: str) -> str:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env={"PATH": "", "PYDANTIC_DISABLE_PLUGINS": "__all__"}
+                          ).stdout.strip()
+
+
+def test_with_plugins_off_pydantic_validates_without_plugin_discovery():
+    """The stand-in for pydantic's plugin loader returns no plugins, as the real one does with
+    PYDANTIC_DISABLE_PLUGINS=__all__, without importing importlib.metadata; a name the
+    stand-in does not have is the real loader's."""
+    out = _fresh(
+        "import sys\n"
+        "from tunepilot.cli.startup import prepare\n"
+        "prepare()\n"
+        "from pydantic import BaseModel\n"
+        "class M(BaseModel):\n"
+        "    x: int\n"
+        "print(M(x='3').x, 'importlib.metadata' in sys.modules)\n"
+        "import pydantic.plugin._loader as loader\n"
+        "print(tuple(loader.get_plugins()), loader.PYDANTIC_ENTRY_POINT_GROUP)\n")
+    assert out.splitlines() == ["3 False", "() pydantic"]
+
+
+def test_the_ledger_reads_the_billing_terms_without_the_quote():
+    """`book` imports the ledger, whose billing terms live in tunepilot.cost: the package
+    re-exports nothing, so the quote (the plan, every stage result) is not loaded with it."""
+    out = _fresh("import sys\nimport tunepilot.ledger.api\n"
+                 "print(sorted(m for m in sys.modules if m.startswith(('tunepilot.cost.', "
+                 "'tunepilot.results.pilot', 'tunepilot.plan.'))))")
+    assert out == "['tunepilot.cost.terms']"

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tunepilot.catalog import load_catalog
-from tunepilot.cost import quote
 from tunepilot.cost.comms import collective_s, link_of, model_parallel_s, offload_s
+from tunepilot.cost.quote import quote
 from tunepilot.model.arch import Arch, load_preset
 from tunepilot.spec import load_spec
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tunepilot.catalog import load_catalog
-from tunepilot.cost import quote
+from tunepilot.cost.quote import quote
 from tunepilot.plan.api import make_plan
 from tunepilot.spec import load_spec, spec_from_dict
 

@@ -17,7 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tunepilot.catalog import load_catalog
-from tunepilot.cost import MEASURED, PROJECTED, compare, cost_model, quote, read_run_dir
+from tunepilot.cost.assumptions import cost_model
+from tunepilot.cost.compare import compare
+from tunepilot.cost.measurements import read_run_dir
+from tunepilot.cost.quote import MEASURED, PROJECTED, quote
 from tunepilot.cost.terms import billed_seconds, parse_duration, parse_options, term_cost
 from tunepilot.errors import UserError
 from tunepilot.results.export import ExportResult

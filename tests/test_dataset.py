@@ -130,7 +130,7 @@ def test_the_pilot_runs_the_longest_batch_and_counts_trained_tokens(tmp_path):
 
 
 def test_the_quote_trains_epochs_times_the_supervised_tokens(tmp_path):
-    from tunepilot.cost import quote
+    from tunepilot.cost.quote import quote
 
     spec = _spec({"source": "tiny-chat"}, target={"epochs": 2})
     p = profile_dataset(spec, 512)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tunepilot.catalog import load_catalog
-from tunepilot.cost import quote
+from tunepilot.cost.quote import quote
 from tunepilot.integrations.importers import ImportOptions, import_config
 from tunepilot.model.arch import resolve_arch
 from tunepilot.model.context import run_context

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tunepilot.cost import compare, quote
+from tunepilot.cost.compare import compare
+from tunepilot.cost.quote import quote
 from tunepilot.errors import SpecError, UserError
 from tunepilot.model.arch import Arch, linear_modules, load_preset, resolve_arch
 from tunepilot.plan.analytic.core import analytic_plan

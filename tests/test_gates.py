@@ -91,7 +91,7 @@ def test_an_inconclusive_gate_makes_the_decision_say_what_to_rerun_not_what_to_b
         tmp_path, monkeypatch):
     """The stages go on (the quote is still made from what was measured), but the decision is
     not ready and starts with what cannot be told apart and what to re-run."""
-    from tunepilot.cost import quote
+    from tunepilot.cost.quote import quote
 
     q = quote(TINY, card_id="h100", count=1, term_s=None, catalog=load_catalog())
     stages = (

@@ -16,7 +16,8 @@ import yaml
 
 from tunepilot.catalog import load_catalog
 from tunepilot.catalog.skypilot import import_vms_csv
-from tunepilot.cost import compare, quote
+from tunepilot.cost.compare import compare
+from tunepilot.cost.quote import quote
 from tunepilot.errors import UserError
 from tunepilot.model.arch import resolve_arch
 from tunepilot.plan.analytic.core import state_bytes

@@ -165,7 +165,7 @@ def test_cancellation_follows_the_policy(ledger, cancel_at_h, percent):
 
 
 def test_booking_a_saved_quote_uses_its_prices(tmp_path):
-    from tunepilot.cost import quote
+    from tunepilot.cost.quote import quote
     from tunepilot.spec import load_spec
 
     db = tmp_path / "q.sqlite3"

@@ -139,7 +139,7 @@ def test_a_two_node_scale_json_is_measured_at_its_world_size(tmp_path):
     """nproc is ranks per node: 8 x 2 nodes is 16 cards measured (the quote compared nproc=8
     with 16 and projected)."""
     from test_cost import MEASURED, PROJECTED, TINY, write_run_dir
-    from tunepilot.cost import quote
+    from tunepilot.cost.quote import quote
 
     two_nodes = {"nproc": 8, "world_size": 16, "efficiency": 0.8,
                  "useful_tokens_per_s": 640_000.0}

@@ -276,7 +276,7 @@ def test_a_vllm_servers_cards_are_billed_on_demand_and_on_spot():
     the term and the spot term bill count + 2 (the spot term billed the training cards only)."""
     import math
 
-    from tunepilot.cost import quote
+    from tunepilot.cost.quote import quote
 
     spec = import_config(CONFIGS / "axolotl-grpo.yml", options=SYNTH).spec
     q = quote(spec, card_id="h100", count=2, term_s=None)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tunepilot.catalog import load_catalog
-from tunepilot.cost import quote
+from tunepilot.cost.quote import quote
 from tunepilot.model.arch import Arch, load_preset
 from tunepilot.model.flops import checkpoint_bytes, mfu, positions_per_s_at
 from tunepilot.pilot.assemble import pilot_result

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tunepilot.catalog import load_catalog
-from tunepilot.cost import compare, quote
+from tunepilot.cost.compare import compare
+from tunepilot.cost.quote import quote
 from tunepilot.cost.rl_step import PHASES, _passes, rl_step
 from tunepilot.cost.rollout import completion_shape, engines, generation
 from tunepilot.cost.runs import held_out_publication

@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from tunepilot.catalog import load_catalog
-from tunepilot.cost import SpotAsk, compare, quote
+from tunepilot.cost.compare import compare
+from tunepilot.cost.quote import SpotAsk, quote
 from tunepilot.cost.spot import daly_interval_s, poisson_quantile, young_interval_s
 from tunepilot.errors import UserError
 from tunepilot.results.figure import Figure

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tunepilot.cost import quote
 from tunepilot.cost.launch import optimizer_launches, step_floor
+from tunepilot.cost.quote import quote
 from tunepilot.cost.step_model import step_model
 from tunepilot.model.arch import Arch, load_preset
 from tunepilot.model.flops import trainable_shapes

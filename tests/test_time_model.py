@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from tunepilot.catalog import load_catalog
-from tunepilot.cost import compare, quote
 from tunepilot.cost.assumptions import cost_model, efficiency_parts
 from tunepilot.cost.calibration import (
     Setting,
@@ -20,6 +19,8 @@ from tunepilot.cost.calibration import (
     measured_mfu,
     setting_of_run,
 )
+from tunepilot.cost.compare import compare
+from tunepilot.cost.quote import quote
 from tunepilot.cost.runs import published_runs
 from tunepilot.plan.api import make_plan
 from tunepilot.spec import load_spec

@@ -62,17 +62,17 @@ def quote(
 
     Example: tunepilot quote examples/llama3-8b-lora.yaml --card h200 --count 1 --days 2
     """
-    from tunepilot import cost
     from tunepilot.catalog import load_catalog, warn_if_stale
+    from tunepilot.cost.quote import quote as quote_of
     from tunepilot.cost.terms import parse_duration
 
     run_spec = load_run_spec(spec)
     term_s = parse_duration(hours, days, required=False)
     cat = load_catalog(catalog)
     warn_if_stale(cat)
-    result = cost.quote(run_spec, card_id=card, count=count, term_s=term_s, options=option,
-                        run_dir=from_dir, catalog=cat, base_dir=spec.parent,
-                        spot=_spot_ask(spot_rate, checkpoint_minutes))
+    result = quote_of(run_spec, card_id=card, count=count, term_s=term_s, options=option,
+                      run_dir=from_dir, catalog=cat, base_dir=spec.parent,
+                      spot=_spot_ask(spot_rate, checkpoint_minutes))
     body = result.to_dict()
     if save:
         from tunepilot import ledger
@@ -106,13 +106,13 @@ def compare(spec: SpecArg, from_dir: FromOpt = None, catalog: CatalogOpt = None,
     Example: tunepilot compare examples/llama3-8b-lora.yaml --precision bf16-mixed
     --precision fp8-tensorwise
     """
-    from tunepilot import cost
     from tunepilot.catalog import load_catalog, warn_if_stale
     from tunepilot.cli.common import show, view
+    from tunepilot.cost.compare import compare as compare_of
 
     cat = load_catalog(catalog)
     warn_if_stale(cat)
-    result = cost.compare(load_run_spec(spec), run_dir=from_dir, catalog=cat,
-                          base_dir=spec.parent, spot=_spot_ask(spot_rate, None),
-                          precisions=precision)
+    result = compare_of(load_run_spec(spec), run_dir=from_dir, catalog=cat,
+                        base_dir=spec.parent, spot=_spot_ask(spot_rate, None),
+                        precisions=precision)
     show(result, as_json, view("cost.render_compare"))

@@ -25,7 +25,9 @@ _FLOAT = re.compile(r"-?[0-9]{1,15}(?:\.[0-9]{1,15})?")
 
 def prepare() -> None:
     """Coerce the plain values of every typer parameter here, the rest through typer (a no-op
-    on a typer without a runtime-coercion layer, or where it is done already)."""
+    on a typer without a runtime-coercion layer, or where it is done already); and let pydantic
+    skip its plugin discovery where plugins are off."""
+    _no_plugin_discovery()
     try:
         from typer._param_types import coerce_cli_path
         from typer.core import _TyperParameter
@@ -42,6 +44,35 @@ def prepare() -> None:
 
     get_runtime_param.quick = True  # type: ignore[attr-defined]
     _TyperParameter.get_runtime_param = get_runtime_param
+
+
+_PLUGIN_LOADER = "pydantic.plugin._loader"
+
+
+def _no_plugin_discovery() -> None:
+    """pydantic imports its plugin loader (and with it importlib.metadata, ~15 ms) the first
+    time it builds a validator, to look for plugins. With PYDANTIC_DISABLE_PLUGINS=__all__ (the
+    command line sets it) the loader only ever returns (): a module that returns () stands in
+    for it. Any other name asked of it loads the real loader (a pydantic that asks more)."""
+    import os
+    import sys
+    import types
+
+    if os.environ.get("PYDANTIC_DISABLE_PLUGINS") != "__all__" or _PLUGIN_LOADER in sys.modules:
+        return
+    stand_in = types.ModuleType(_PLUGIN_LOADER)
+    stand_in.get_plugins = lambda: ()  # type: ignore[attr-defined]
+
+    def real(name: str) -> Any:
+        import importlib
+
+        if name.startswith("__"):  # the import system asking (__path__ ...): not the loader's
+            raise AttributeError(name)
+        del sys.modules[_PLUGIN_LOADER]
+        return getattr(importlib.import_module(_PLUGIN_LOADER), name)
+
+    stand_in.__getattr__ = real  # type: ignore[attr-defined]
+    sys.modules[_PLUGIN_LOADER] = stand_in
 
 
 class _Quick:

@@ -130,14 +130,14 @@ def _check_date(text: str | None) -> str | None:
 
 def _spot_for_launch(run_spec, spec: Path, card, count: int, cat, rate, from_dir):
     """The spot quote whose interval a --spot launch writes into the spec it runs."""
-    from tunepilot import cost
+    from tunepilot.cost.quote import SpotAsk, quote
     from tunepilot.errors import UserError
 
     if card.pricing.spot_usd_per_hour is None:
         raise UserError("--spot", f"{card.id}'s offer lists no spot price (catalog "
                         "pricing.spot_usd_per_hour).", "Add it in --catalog, or drop --spot.")
-    q = cost.quote(run_spec, card_id=card.id, count=count, term_s=None, run_dir=from_dir,
-                   catalog=cat, base_dir=spec.parent, spot=cost.SpotAsk(rate=rate))
+    q = quote(run_spec, card_id=card.id, count=count, term_s=None, run_dir=from_dir,
+              catalog=cat, base_dir=spec.parent, spot=SpotAsk(rate=rate))
     if not q.spot.finishes:
         raise UserError("--spot", q.spot.reason + ".", "Lower the interruption rate "
                         "(--spot-rate) or run on demand (drop --spot).")

@@ -151,7 +151,8 @@ def _product(factors: dict[str, float]) -> float:
     return p
 
 
-def setting_of_run(run) -> Setting:
+def setting_of_run(run, spec=None) -> Setting:
+    """``spec``: the run's RunSpec where the caller has it (cost/runs.py run_spec)."""
     from tunepilot.catalog import load_catalog
     from tunepilot.cost.runs import run_spec
     from tunepilot.cost.throughput_model import card_family
@@ -159,7 +160,7 @@ def setting_of_run(run) -> Setting:
 
     card = load_catalog().get(run.card)
     arch = _arch(run.model)
-    fpt = flops_per_token(arch, run_spec(run), run.sequence_length)
+    fpt = flops_per_token(arch, spec or run_spec(run), run.sequence_length)
     return Setting(run.implementation, card_family(run.card), run.method, run.precision,
                    run.activation_checkpointing, run.torch_compile, run.strategy, run.count,
                    run.nodes, run.tokens_per_replica_step, run.hardware,
@@ -182,13 +183,13 @@ def _arch(preset: str):
     return Arch.from_config(load_preset(preset))
 
 
-def measured_mfu(run) -> float:
+def measured_mfu(run, spec=None) -> float:
     """A published run's MFU by MFU_RULE, on the catalog card it is projected on."""
     from tunepilot.catalog import load_catalog
     from tunepilot.cost.runs import run_spec
     from tunepilot.model.flops import mfu
 
-    spec = run_spec(run)
+    spec = spec or run_spec(run)
     arch = _arch(run.model)
     peak = load_catalog().get(run.card).peak_flops(spec.precision.peak_key)
     return mfu(arch, spec, run.tokens_per_s_per_gpu, run.sequence_length, peak)
@@ -271,9 +272,10 @@ def refit() -> None:
 @cache
 def _fit_inputs() -> tuple[tuple[object, Setting, float], ...]:
     """(run, its setting, its measured MFU) of every run not held out."""
-    from tunepilot.cost.runs import fit_runs
+    from tunepilot.cost.runs import fit_runs, run_spec
 
-    return tuple((r, setting_of_run(r), measured_mfu(r)) for r in fit_runs())
+    specs = [(r, run_spec(r)) for r in fit_runs()]
+    return tuple((r, setting_of_run(r, s), measured_mfu(r, s)) for r, s in specs)
 
 
 def fit_cells(width_constant: float | None = None) -> Fit:

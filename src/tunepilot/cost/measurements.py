@@ -10,18 +10,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tunepilot.catalog import Catalog
 from tunepilot.errors import UserError
-from tunepilot.results.base import Manifest, StageResult
-from tunepilot.results.export import ExportResult
 from tunepilot.results.figure import Figure
-from tunepilot.results.pilot import PilotResult
 from tunepilot.results.quote import RunSource
-from tunepilot.results.restore import RestoreResult
-from tunepilot.results.scale import ScalingResult, StrategyResult
 from tunepilot.spec import RunSpec
-from tunepilot.store import RunDir
+
+if TYPE_CHECKING:  # read on use: a quote without --from reads no stage result (start-up)
+    from tunepilot.results.base import Manifest, StageResult
+    from tunepilot.results.export import ExportResult
+    from tunepilot.results.pilot import PilotResult
+    from tunepilot.results.restore import RestoreResult
+    from tunepilot.results.scale import ScalingResult, StrategyResult
+    from tunepilot.store import RunDir
 
 
 def measured_value(fig: Figure | None) -> float | None:
@@ -73,6 +76,12 @@ def _read(run: RunDir, cls: type[StageResult], notes: list[str]) -> StageResult 
 
 def read_run_dir(path: Path | str, spec: RunSpec, catalog: Catalog) -> RunMeasurements:
     """Read the stage results in ``path``; UserError when they belong to another spec."""
+    from tunepilot.results.export import ExportResult
+    from tunepilot.results.pilot import PilotResult
+    from tunepilot.results.restore import RestoreResult
+    from tunepilot.results.scale import ScalingResult
+    from tunepilot.store import RunDir
+
     path = Path(path)
     if not path.is_dir():
         raise UserError("from", f"run directory {str(path)!r} does not exist or is not a "

@@ -25,7 +25,6 @@ from decimal import ROUND_HALF_UP, Decimal, localcontext
 from pathlib import Path
 
 from tunepilot.catalog import Card, Catalog, load_catalog
-from tunepilot.checkpoint.components import DATA
 from tunepilot.cost.assumptions import assumed
 from tunepilot.cost.context import QuoteContext, context
 from tunepilot.cost.measurements import measured_value
@@ -422,6 +421,14 @@ def _host(ctx: QuoteContext, card: Card, count: int, strategy: str) -> HostFit:
     return fit
 
 
+def _restored_data(restore):
+    """The data-position component of a restore proof (the checkpoint package is read only for
+    a quote --from a run that has one: start-up)."""
+    from tunepilot.checkpoint.components import DATA
+
+    return next((c for c in restore.components if c.name == DATA), None)
+
+
 def _restart(ctx: QuoteContext, card: Card, terms: list[TimeTerm]) -> dict[str, Figure]:
     """What an interruption costs besides the lost work: the once-per-job start again, the
     checkpoint load (restore.json load_s) and the data skip (0 when the restore proof shows the
@@ -434,7 +441,7 @@ def _restart(ctx: QuoteContext, card: Card, terms: list[TimeTerm]) -> dict[str, 
     save = by["checkpoint writes"]
     out["checkpoint load"] = load or Figure.projected(
         save.value, "s", f"as long as one save ({save.basis}): the same bytes read back")
-    data = next((c for c in restore.components if c.name == DATA), None) if restore else None
+    data = _restored_data(restore) if restore else None
     if data is not None and data.passed:
         out["data skip"] = Figure.measured(0.0, "s", "restore.json: the data position was "
                                            "restored, so the loader resumes where it stopped")

@@ -6,7 +6,6 @@ from __future__ import annotations
 from functools import cache
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 Kind = Literal["published", "derived", "assumed", "fitted"]
@@ -92,7 +91,6 @@ class StepModel(_Read):
 
 @cache
 def step_model() -> StepModel:
-    from tunepilot.resources import STEP_MODEL_YAML
+    from tunepilot.resources import STEP_MODEL_YAML, read_yaml
 
-    return StepModel.model_validate(
-        yaml.safe_load(STEP_MODEL_YAML.read_text(encoding="utf-8")))
+    return StepModel.model_validate(read_yaml(STEP_MODEL_YAML))

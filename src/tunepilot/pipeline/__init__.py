@@ -354,7 +354,8 @@ def _gate_scale(c: Ctx, scale: ScalingResult) -> Gate:
 
 
 def _run_quote(c: Ctx) -> Quote:
-    from tunepilot.cost import compare, quote
+    from tunepilot.cost.compare import compare
+    from tunepilot.cost.quote import quote
 
     c.say("quote: the term and cost per useful token from the measured figures")
     o = c.options
