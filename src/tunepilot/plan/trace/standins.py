@@ -80,6 +80,15 @@ class QuantizedAdamStandIn(torch.optim.Optimizer):
         self.torchao = info["library"] == "torchao"
 
     def _state(self, p: torch.Tensor) -> dict:
+        """A parameter's state; of an FSDP-sharded (DTensor) parameter, its local shard's, as
+        torchao quantizes each rank's shard (``p.to_local()``) and bitsandbytes runs on the flat
+        shard FSDP1 hands it. The codes and scales of the whole parameter on every rank
+        counted the world size's times the state (a gpt-oss-20b run on 8 ranks: 39.6 GiB, not
+        4.9)."""
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(p, DTensor):
+            return self._state(p.to_local())
         st = self.layout
         n = p.numel()
         bits, block = st.get("bits"), st.get("block") or 1
