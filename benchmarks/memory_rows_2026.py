@@ -70,9 +70,10 @@ SHISA = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length
 SHISA_NOTE = ("an informal, rounded device-level figure ('about N GB VRAM'; the meter is not "
               "stated); the transformers version, and so the MoE layout and experts "
               "implementation, not stated (planned with the installed transformers')")
-LINEARIZED = ("axolotl's linearized checkpoint (each expert an nn.Linear, quantized to NF4, run "
-              "by its own loop) is planned as transformers' Llama 4: fused 3-D experts that "
-              "bitsandbytes leaves in bf16 and that run every expert on every token")
+# axolotl's linearized Llama 4 checkpoint (llama4_linearized_experts: true): each expert an
+# nn.Linear, which QLoRA quantizes to NF4; its loop runs every expert on every token, as
+# transformers' fused Llama 4 does
+LINEARIZED = dict(LOOP, experts_layout="per_expert")
 
 ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
     "ms1": ("qwen3-8b", dict(SWIFT, method=SWIFT_LORA), [MAX_LEN]),
@@ -155,21 +156,20 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                 optimizer={"name": "adamw_8bit_torchao"},
                                 parallel={"strategy": "fsdp", "devices": 4}), []),
     "ax7": ("llama-4-scout-17b-16e",
-            dict(AX, moe=LOOP, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0),
+            dict(AX, moe=LINEARIZED, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0),
                  sequence_length=4096, micro_batch_size=1, optimizer={"name": "adamw_4bit"},
                  activation_offloading=True, torch_compile=True,
                  kernels={"attention": "flex", "liger": ["rms_norm", "swiglu"],
                           "cut_cross_entropy": True}),
             ["the vision tower axolotl loads (Llama4ForConditionalGeneration) and its LoRA "
-             "Triton kernels are not planned", LINEARIZED]),
+             "Triton kernels are not planned"]),
     "ax8": ("llama-4-scout-17b-16e",
-            dict(AX, moe=LOOP, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0,
+            dict(AX, moe=LINEARIZED, method=dict(AX_QLORA, lora_alpha=64, lora_dropout=0.0,
                                            quant_storage="bf16"),
                  sequence_length=4096, micro_batch_size=2, optimizer={"name": "adamw_4bit"},
                  kernels={"attention": "flex", "liger": ["rms_norm", "swiglu"]},
                  parallel={"strategy": "fsdp", "devices": 4}),
-            ["the vision tower axolotl loads (Llama4ForConditionalGeneration) is not planned",
-             LINEARIZED]),
+            ["the vision tower axolotl loads (Llama4ForConditionalGeneration) is not planned"]),
     "ax9": ("mistral-small-24b", dict(AX, method=dict(AX_QLORA, lora_dropout=0.0,
                                                       lora_targets="all-linear"),
                                       gradient_accumulation_steps=4,

@@ -252,3 +252,23 @@ def test_dataset_keys_under_synthetic_data_are_said_unused_not_ignored():
     for key in ("sample_packing", "val_set_size", "train_on_inputs", "chat_template"):
         assert key not in r.ignored
     assert any("sample_packing" in n and "not read" in n for n in r.notes)
+
+
+def test_axolotls_linearized_llama4_is_planned_with_nn_linear_experts(tmp_path):
+    """axolotl's own Llama 4 QLoRA example: the linearized checkpoint (llama4_linearized_experts)
+    is imported as moe.experts_layout per_expert, so QLoRA's NF4 base holds the experts."""
+    from tunepilot.model.arch import resolve_arch
+    from tunepilot.plan.analytic.core import analytic_plan
+
+    p = tmp_path / "scout.yml"
+    p.write_text((CONFIGS / "axolotl-qlora-chat.yml").read_text()
+                 + "\nbase_model: axolotl-quants/Llama-4-Scout-17B-16E-Linearized-bnb-nf4-bf16"
+                 "\nllama4_linearized_experts: true\n")
+    r = import_config(p, options=ImportOptions(synthetic_data=True))
+    assert r.spec.model.preset == "llama-4-scout-17b-16e"
+    assert r.spec.moe.experts_layout == "per_expert" and "llama4_linearized_experts" in r.mapped
+    one = r.spec.with_changes(parallel={"strategy": "single"})
+    linear = analytic_plan(one, resolve_arch(one)).per_device.weights_bytes
+    fused_spec = one.with_changes(moe={"experts_layout": "fused"})
+    fused = analytic_plan(fused_spec, resolve_arch(fused_spec)).per_device.weights_bytes
+    assert linear < fused / 2.5  # ~97B routed parameters in NF4, not bf16

@@ -333,3 +333,50 @@ def expert_slice_counts(arch: Arch, e: int) -> int:
     from tunepilot.model.arch import expert_slice
 
     return param_counts(expert_slice(arch, e)).routed_experts
+
+
+def test_a_linearized_checkpoint_counts_and_quantizes_its_experts_as_linears(tmp_path):
+    """axolotl's linearized Llama 4 (moe.experts_layout per_expert): the same parameters, each
+    expert's gate/up/down an nn.Linear - the model built counts them as the rules do, QLoRA
+    quantizes them (transformers' fused experts stay bf16), a target gate_proj reaches only
+    the shared expert's, and a model type with no such checkpoint is refused by name."""
+    import json
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tunepilot.model.arch import resolve_arch
+    from tunepilot.model.build import build_model
+    from tunepilot.plan.analytic.core import analytic_plan
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(config("llama4_text"), intermediate_size=512)))
+
+    def spec(layout: str, **more):
+        return spec_from_dict({"model": {"config": str(path)}, "moe": {"experts_layout": layout},
+                               "method": {"kind": "qlora", "lora_targets": ["gate_proj"]},
+                               **more})
+
+    fused, linear = spec("fused"), spec("per_expert")
+    a_fused, a_linear = resolve_arch(fused), resolve_arch(linear)
+    assert param_counts(a_linear).total == param_counts(a_fused).total
+    model = build_model(linear.with_changes(method={"kind": "full"}))
+    experts = model.model.layers[0].feed_forward.experts
+    assert len(experts.gate_projs) == E and isinstance(experts.down_projs[0], torch.nn.Linear)
+    assert sum(p.numel() for p in model.parameters()) == param_counts(a_linear).total
+    w_fused = analytic_plan(fused, a_fused).per_device.weights_bytes
+    w_linear = analytic_plan(linear, a_linear).per_device.weights_bytes
+    routed = param_counts(a_linear).routed_experts
+    assert w_fused - w_linear > routed  # 2 B -> ~0.5 B per routed parameter
+    lora = build_model(linear.with_changes(method={"kind": "lora", "lora_targets": ["gate_proj"]}))
+    wrapped = {n.rsplit(".", 1)[0] for n, _ in lora.named_parameters() if "lora_A" in n}
+    assert wrapped and all("shared_expert.gate_proj" in n for n in wrapped)
+    from tunepilot.model.arch import resolve_model_config
+    from tunepilot.plan.trace.step import trace_step
+
+    traced = {s.moe.experts_layout: max(p.weights_bytes for p in trace_step(
+        s, resolve_model_config(s), "cuda").phases) for s in (fused, linear)}
+    assert traced["fused"] - traced["per_expert"] > routed  # the trace quantizes them too
+    with pytest.raises(SpecError) as err:
+        resolve_arch(spec_from_dict({"model": {"preset": "qwen3-30b-a3b"},
+                                     "moe": {"experts_layout": "per_expert"}}))
+    assert err.value.field == "moe.experts_layout"

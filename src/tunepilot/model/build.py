@@ -141,11 +141,16 @@ def _from_config(spec: RunSpec, hf, dtype=None, device=None):
             hf, attn_implementation=attention_impl(spec, device), dtype=dtype)
     attn = attention_impl(spec, device)
     try:
-        return AutoModelForCausalLM.from_config(hf, attn_implementation=attn, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(hf, attn_implementation=attn, dtype=dtype)
     except ValueError as exc:  # a model with no SDPA path (gpt-oss: its attention sinks)
         if attn != "sdpa" or "does not support an attention implementation" not in str(exc):
             raise
-        return AutoModelForCausalLM.from_config(hf, attn_implementation="eager", dtype=dtype)
+        model = AutoModelForCausalLM.from_config(hf, attn_implementation="eager", dtype=dtype)
+    if spec.moe.experts_layout == "per_expert":  # a linearized checkpoint's nn.Linear experts
+        from tunepilot.model.linearized import linearize_experts
+
+        linearize_experts(model)
+    return model
 
 
 def _finish(spec: RunSpec, model):

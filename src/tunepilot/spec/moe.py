@@ -16,6 +16,14 @@ dense model, and the plan says so).
     load_factor      dropless under expert parallel: the busiest rank's token-expert pairs over
                      the mean (1.0: balanced routing, the plan's stated assumption; the router's
                      auxiliary loss keeps it near 1, a measured routing sets it)
+    experts_layout   how the checkpoint stores the routed experts:
+                     fused        two 3-D parameters per layer (transformers >= 5): bitsandbytes
+                                  leaves them in 16 bit under QLoRA, PEFT reaches them through
+                                  target_parameters
+                     per_expert   one nn.Linear per expert and projection: axolotl's linearized
+                                  Llama 4 checkpoints (``llama4_linearized_experts: true``;
+                                  experts.gate_projs.N / up_projs.N / down_projs.N), which
+                                  QLoRA quantizes to NF4 and LoRA targets by module name
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 ExpertsImplementation = Literal["grouped_mm", "eager", "batched_mm"]
+ExpertsLayout = Literal["fused", "per_expert"]
 
 
 class MoeSpec(BaseModel):
@@ -37,6 +46,8 @@ class MoeSpec(BaseModel):
     """None: dropless; else tokens per expert at most factor x tokens x top_k / experts"""
     load_factor: float = Field(default=1.0, ge=1, le=64)
     """the busiest expert-parallel rank's token-expert pairs over the mean (dropless)"""
+    experts_layout: ExpertsLayout = "fused"
+    """fused 3-D parameters (transformers >= 5), or one nn.Linear per expert (linearized)"""
 
     def pairs_per_token(self, top_k: int, expert_parallel: int = 1) -> float:
         """Token-expert pairs one rank computes per token it routes: top_k, padded to the

@@ -41,7 +41,7 @@ MAPPED = {"base_model", "base_model_config", "adapter", "load_in_4bit", "load_in
           "eval_steps", "evals_per_epoch", "eval_batch_size", "activation_offloading",
           "save_steps", "saves_per_epoch", "bnb_4bit_use_double_quant", "rl", "rl_beta",
           "orpo_alpha", "rl_adapter_ref_model", "precompute_ref_log_probs", "max_prompt_len",
-          "trl", "vllm", "fp8", "fp8_config"}
+          "trl", "vllm", "fp8", "fp8_config", "llama4_linearized_experts"}
 NO_EFFECT = {"rpo_alpha", "simpo_gamma", "cpo_alpha", "kto_desirable_weight",
              "kto_undesirable_weight", "dpo_use_weighting", "dpo_label_smoothing",
              "dpo_norm_loss", "dpo_use_logits_to_keep", "use_wandb"}
@@ -109,6 +109,8 @@ def convert(m: Mapper) -> None:
         m.set("torch_compile", True, "torch_compile")
     if truthy(m.get("activation_offloading")):
         m.set("activation_offloading", True, "activation_offloading")
+    if truthy(m.get("llama4_linearized_experts")):  # each expert an nn.Linear: QLoRA quantizes it
+        m.set("moe.experts_layout", "per_expert", "llama4_linearized_experts")
     _parallel(m)
     _kernels(m)
     _objective(m)

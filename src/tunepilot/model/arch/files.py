@@ -117,8 +117,18 @@ def resolve_model_config(spec, base_dir: Path | None = None) -> dict[str, Any]:
     """The model's Hugging Face config dict, from the preset or the local config path (relative
     paths are tried as given, then against ``base_dir``: the spec file's directory)."""
     if spec.model.preset is not None:
-        return load_preset(spec.model.preset)
+        return with_experts_layout(load_preset(spec.model.preset), spec)
     path = Path(spec.model.config or "")
     if not path.is_absolute() and base_dir is not None and not path.exists():
         path = base_dir / path
-    return load_config_file(path)
+    return with_experts_layout(load_config_file(path), spec)
+
+
+def with_experts_layout(cfg: dict[str, Any], spec) -> dict[str, Any]:
+    """The config with the spec's moe.experts_layout in tunepilot's block, where the counting
+    rules read it (a linearized checkpoint's experts are nn.Linear modules); unchanged for the
+    default fused layout."""
+    layout = spec.moe.experts_layout
+    if layout == "fused":
+        return cfg
+    return {**cfg, META_KEY: {**(cfg.get(META_KEY) or {}), "experts_layout": layout}}

@@ -258,7 +258,7 @@ def _tied(model_type: str, cv: ConfigView, top: ConfigView, recipe: Recipe) -> b
 
 def read_arch(cfg: dict[str, Any]) -> Arch:
     """The Arch of a config dict (see Arch.from_config)."""
-    from tunepilot.model.arch.moe import moe_parts, mtp_params
+    from tunepilot.model.arch.moe import linearized_experts, moe_parts, mtp_params
     from tunepilot.model.arch.vision import vision_tower
 
     model_type, cv, top = _text_view(cfg)
@@ -269,6 +269,8 @@ def read_arch(cfg: dict[str, Any]) -> Arch:
     mlp_bias = _bias(cv, r.mlp_bias)
     moe = moe_parts(cv, r, d, text_type, mlp_bias) if r.moe else None
     mlp = moe.linears if moe else dense_mlp(r, d, d.inter, mlp_bias, d.layers)
+    if moe and (cfg.get(META_KEY) or {}).get("experts_layout") == "per_expert":
+        mlp = linearized_experts(mlp, text_type)
     norms = r.norms
     if text_type == "stablelm" and cv.flag("use_parallel_residual"):
         norms = 1  # one input_layernorm feeds attention and MLP

@@ -213,3 +213,34 @@ def layout_specs(arch: Arch, moe_layout: MoeLayout) -> list[LinearSpec]:
     specs = list(arch.decoder)
     return per_expert_layout(arch, specs) if moe_layout == "per_expert" and arch.is_moe \
         else specs
+
+
+# axolotl's linearized Llama 4 (monkeypatch/models/llama4/modeling.py, the checkpoints of
+# axolotl-quants/Llama-4-*-Linearized-*): each expert's gate, up and down an nn.Linear
+LINEARIZED_TYPES = {"llama4", "llama4_text"}
+
+
+def linearized_experts(specs: list[LinearSpec], model_type: str) -> list[LinearSpec]:
+    """The routed experts as one nn.Linear per expert and projection (moe.experts_layout
+    per_expert), the same parameters: bitsandbytes quantizes them, PEFT targets them by name
+    (``experts.gate_projs.N``; a target ``gate_proj`` reaches only the shared expert's)."""
+    if model_type not in LINEARIZED_TYPES:
+        from tunepilot.errors import SpecError
+
+        raise SpecError("moe.experts_layout", f"per_expert is the layout of axolotl's "
+                        f"linearized Llama 4 checkpoints; transformers builds {model_type}'s "
+                        "routed experts fused.", "Drop moe.experts_layout (fused is the default).")
+    out = []
+    for s in specs:
+        if not s.routed:
+            out.append(s)
+            continue
+        block = s.path.rsplit(".", 1)[0]
+        h, i = (s.in_features, s.out_features // 2) if s.name == "gate_up_proj" else \
+            (s.out_features, s.in_features)
+        pairs = (("gate_projs", h, i), ("up_projs", h, i)) if s.name == "gate_up_proj" else \
+            (("down_projs", i, h),)
+        out += [LinearSpec(name, f"{block}.{name}", fan_in, fan_out, False, s.count_per_layer,
+                           "mlp", layers=s.layers, routed=True, layer_kind=s.layer_kind)
+                for name, fan_in, fan_out in pairs]
+    return out
