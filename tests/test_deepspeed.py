@@ -287,3 +287,23 @@ def test_a_bf16_true_deepspeed_spec_is_refused_naming_precision():
     with pytest.raises(SpecError, match="bf16-mixed for a deepspeed run") as e:
         analytic_plan(spec, resolve_arch(spec))
     assert e.value.field == "precision"
+
+
+@pytest.mark.slow
+def test_zero_keeps_a_quantized_optimizers_state_at_its_own_width():
+    """Under ZeRO the traced 16-bit step's optimizer state becomes the fp32 master's - for
+    torch's AdamW (moments in the parameters' dtype), not for 8-bit codes and their fp32
+    scales, which are the same on either: the trace doubled them (shisa-ai's Qwen3-30B-A3B on
+    8 x MI300X: 14.4 GiB of torchao 8-bit state per rank where the plan has 7.2)."""
+    from tunepilot.plan.api import make_plan
+
+    for name in ("adamw_8bit_torchao", "adamw"):
+        spec = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
+                               "sequence_length": 128, "optimizer": {"name": name},
+                               "parallel": {"strategy": "deepspeed", "devices": 4,
+                                            "deepspeed": {"stage": 3}}})
+        traced = make_plan(spec, "traced", card_ids=["h100-sxm-80gb"])
+        analytic = analytic_plan(spec, resolve_arch(spec))
+        assert traced.fidelity == "trace"
+        assert traced.per_device.optimizer_bytes == pytest.approx(
+            analytic.per_device.optimizer_bytes, rel=0.15), name

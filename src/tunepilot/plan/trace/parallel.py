@@ -171,19 +171,24 @@ def zero_on_trace(spec: RunSpec, arch: Arch, raw, phases: list[dict]
     notes). The traced 16-bit module's weights, gradients and optimizer state (PyTorch keeps
     the state in the parameters' 16-bit dtype; DeepSpeed's optimizer keeps fp32 state on the
     fp32 master copy) are handed to zero_states."""
+    from tunepilot.model.optimizers import optimizer_info
+
     view = rank_view(spec, arch)
     counts = task_counts(view.states_arch, spec)
     m = raw.model
     b16 = spec.precision.compute_bytes  # DeepSpeed's module: its 16-bit engine, or fp32
     to_fp32 = 4 / b16
+    # only torch's own optimizers keep their state in the parameters' dtype: 8/4-bit codes and
+    # their fp32 scales, bitsandbytes' 32-bit states and Adafactor's are the same on the master
+    state_to_fp32 = to_fp32 if optimizer_info(spec.optimizer.name)["library"] == "torch" else 1
     weights = max(p["weights"] for p in phases)
     grads_max = max(max(p["gradients"] for p in phases), 1)
     optim = max(p["optimizer"] for p in phases)
     opt_phase = next((p for p in phases if p["name"].startswith("optimizer")), None)
     opt_temp = opt_phase["temporary"] if opt_phase else 0
     frozen = max(0, weights - m.trainable_bytes)
-    s = States(weights=weights, master=0, grads=m.trainable_bytes, optim=int(optim * to_fp32),
-               optim_temp=int(opt_temp * to_fp32), frozen_bytes=frozen,
+    s = States(weights=weights, master=0, grads=m.trainable_bytes,
+               optim=int(optim * state_to_fp32), optim_temp=int(opt_temp * state_to_fp32), frozen_bytes=frozen,
                trainable_bytes=int(m.trainable_bytes * to_fp32), linear_weights=0,
                lm_head_weights=0)
     params = ParamSplit(total=m.total_params, trainable=m.trainable_params,
