@@ -259,8 +259,26 @@ def generation_step(implementation: str, to: str, frm: str) -> Step | None:
 
 @cache
 def fitted() -> Fit:
-    """The cells of the runs that are not held out."""
-    return fit_cells()
+    """The cells of the runs that are not held out: derived from the shipped runs, catalog and
+    presets alone, so kept between processes (tunepilot/derived.py) - a quote reads them, not
+    the 127 published runs."""
+    from tunepilot.cost.runs import HELD_OUT_RESIDUE
+    from tunepilot.derived import cached
+
+    return cached("time-model-fit", f"held-out residue {HELD_OUT_RESIDUE}", fit_cells,
+                  _fit_json, _fit_of_json)
+
+
+def _fit_json(fit: Fit) -> list:
+    return [[list(c.key), c.base, list(c.runs), list(c.spread)] for c in fit.cells.values()]
+
+
+def _fit_of_json(rows: list) -> Fit:
+    cells = [Cell(tuple(map(str, k)), float(b), tuple(map(str, r)), (float(s[0]), float(s[1])))
+             for k, b, r, s in rows]
+    if not cells or any(len(c.key) != 5 for c in cells):
+        raise ValueError("not a fit")
+    return Fit({c.key: c for c in cells})
 
 
 def refit() -> None:

@@ -23,12 +23,12 @@ import numpy as np
 from tunepilot.dataset.formats import Formatter, RowError
 from tunepilot.dataset.sources import DataFiles, read_rows
 from tunepilot.dataset.templates import resolve_template
+from tunepilot.derived import cache_dir
 from tunepilot.errors import UserError
 from tunepilot.spec import DataSpec
 
 CACHE_VERSION = 1
 CHUNK_ROWS = 2048  # rows tokenized per batch call (bounded memory, progress every chunk)
-CACHE_ENV = "TUNEPILOT_CACHE"
 
 
 @dataclass
@@ -57,14 +57,6 @@ class Encoded:
         start = self.offsets[:-1]
         end = start + np.minimum(self.lengths(), sequence_length)
         return np.maximum(cs[end] - cs[np.minimum(start + 1, end)], 0)
-
-
-def cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tunepilot"
 
 
 def load_tokenizer(path: Path):
