@@ -232,4 +232,10 @@ STACK_2026 = dict.fromkeys(("sh1", "sh2", "sh3"), "rocm")
 CARD_BYTES_2026 = dict.fromkeys(("ms4", "ms6"), 81920 << 20)
 
 # Why a row stays outside +-10% (the traced plan): filled from the run's output and sources.
-WHY_2026: dict[str, str] = {}
+WHY_2026: dict[str, str] = {
+    "ax6": "the same config as ax5 on 4 ranks instead of 8: the two published figures ('~36' "
+           "and '~46 GiB/GPU') differ by 10 GiB, where the rank's sharded states alone differ "
+           "by 14.7 GiB (20.9B parameters x 6.03 B - bf16 weights and gradients, torchao 8-bit "
+           "moments - / 4 against / 8); no plan meets both within 10%, and ax5 is traced at "
+           "+1.3%",
+}
