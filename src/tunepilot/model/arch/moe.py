@@ -202,10 +202,16 @@ def per_expert_layout(arch: Arch, specs: list[LinearSpec]) -> list[LinearSpec]:
     out = [s for s in specs if not s.routed and not (s.group == "router" and s.name == "gate")]
     out.append(LinearSpec("gate", f"{block}.gate", h, arch.num_experts, False, group="router",
                           peft_kind=router_kind, layers=n, layer_kind="moe"))
-    for name, fan_in, fan_out in zip(names, (h, h, i), (i, i, h), strict=True):
-        out.append(LinearSpec(name, f"{block}.experts.{name}", fan_in, fan_out, False, e, "mlp",
-                              layers=n, routed=True, layer_kind="moe"))
-    return out
+    return out + _expert_linears(f"{block}.experts", names, h, i, e, n)
+
+
+def _expert_linears(prefix: str, names: tuple[str, str, str], h: int, i: int, e: int,
+                    n: int) -> list[LinearSpec]:
+    """Every expert's gate, up and down projection (``names``) as nn.Linear modules, e per
+    layer in n MoE layers: the per-expert layouts' routed experts."""
+    return [LinearSpec(name, f"{prefix}.{name}", fan_in, fan_out, False, e, "mlp", layers=n,
+                       routed=True, layer_kind="moe")
+            for name, fan_in, fan_out in zip(names, (h, h, i), (i, i, h), strict=True)]
 
 
 def layout_specs(arch: Arch, moe_layout: MoeLayout) -> list[LinearSpec]:
@@ -230,17 +236,7 @@ def linearized_experts(specs: list[LinearSpec], model_type: str) -> list[LinearS
         raise SpecError("moe.experts_layout", f"per_expert is the layout of axolotl's "
                         f"linearized Llama 4 checkpoints; transformers builds {model_type}'s "
                         "routed experts fused.", "Drop moe.experts_layout (fused is the default).")
-    out = []
-    for s in specs:
-        if not s.routed:
-            out.append(s)
-            continue
-        block = s.path.rsplit(".", 1)[0]
-        h, i = (s.in_features, s.out_features // 2) if s.name == "gate_up_proj" else \
-            (s.out_features, s.in_features)
-        pairs = (("gate_projs", h, i), ("up_projs", h, i)) if s.name == "gate_up_proj" else \
-            (("down_projs", i, h),)
-        out += [LinearSpec(name, f"{block}.{name}", fan_in, fan_out, False, s.count_per_layer,
-                           "mlp", layers=s.layers, routed=True, layer_kind=s.layer_kind)
-                for name, fan_in, fan_out in pairs]
-    return out
+    fused = next(s for s in specs if s.routed and s.name == "gate_up_proj")
+    return [s for s in specs if not s.routed] + _expert_linears(
+        fused.path.rsplit(".", 1)[0], ("gate_projs", "up_projs", "down_projs"),
+        fused.in_features, fused.out_features // 2, fused.count_per_layer, fused.layers)

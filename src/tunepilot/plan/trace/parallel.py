@@ -188,9 +188,9 @@ def zero_on_trace(spec: RunSpec, arch: Arch, raw, phases: list[dict]
     opt_temp = opt_phase["temporary"] if opt_phase else 0
     frozen = max(0, weights - m.trainable_bytes)
     s = States(weights=weights, master=0, grads=m.trainable_bytes,
-               optim=int(optim * state_to_fp32), optim_temp=int(opt_temp * state_to_fp32), frozen_bytes=frozen,
-               trainable_bytes=int(m.trainable_bytes * to_fp32), linear_weights=0,
-               lm_head_weights=0)
+               optim=int(optim * state_to_fp32), optim_temp=int(opt_temp * state_to_fp32),
+               frozen_bytes=frozen, trainable_bytes=int(m.trainable_bytes * to_fp32),
+               linear_weights=0, lm_head_weights=0)
     params = ParamSplit(total=m.total_params, trainable=m.trainable_params,
                         frozen=m.total_params - m.trainable_params)
     s = zero_states(spec, view.states_arch, s, counts, params)
