@@ -89,12 +89,14 @@ def test_each_zero_stage_shards_its_states_per_rank():
     plans = [_plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": stage}})[1]
              for stage in (0, 1, 2, 3)]
     d0, d1, d2, d3 = (p.per_device for p in plans)
-    # stage 1: fp32 master weights and optimizer state 1/8
-    assert d1.master_weights_bytes == d0.master_weights_bytes // 8
-    assert d1.optimizer_bytes == d0.optimizer_bytes // 8
-    assert d1.gradients_bytes == d0.gradients_bytes  # 16-bit gradients whole
+    n = plans[0].params.total
+    # stage 0 under bf16 is DeepSpeed's BF16_Optimizer: an fp32 gradient buffer whole, the fp32
+    # master weights and optimizer state 1/8 - as stage 1, whose gradients are 16-bit
+    assert d0.gradients_bytes == 4 * n and d1.gradients_bytes == 2 * n
+    assert d1.master_weights_bytes == d0.master_weights_bytes == 4 * n // 8
+    assert d1.optimizer_bytes == d0.optimizer_bytes
     # stage 2: + gradients 1/8; stage 3: + the 16-bit weights (about 1/8: norms kept whole)
-    assert d2.gradients_bytes == d0.gradients_bytes // 8
+    assert d2.gradients_bytes == d1.gradients_bytes // 8
     assert d2.weights_bytes == d0.weights_bytes
     assert d0.weights_bytes / 8 <= d3.weights_bytes < d0.weights_bytes / 7
     # DeepSpeed's engine holds the module in bf16: weights are 2 B per parameter
@@ -307,3 +309,44 @@ def test_zero_keeps_a_quantized_optimizers_state_at_its_own_width():
         assert traced.fidelity == "trace"
         assert traced.per_device.optimizer_bytes == pytest.approx(
             analytic.per_device.optimizer_bytes, rel=0.15), name
+
+
+def _phase(plan, name: str):
+    return next(p for p in plan.phases if p.name == name)
+
+
+def test_zero3_keeps_its_gradient_partition_through_the_forward():
+    # stage3.py allocates grad_partitions_flat_buffer once (zeros at init) and keeps it: the
+    # rank's 16-bit gradient partition is there in the forward of every step, even without
+    # gradient accumulation; stage 2's partition is made in the backward
+    _, z3 = _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 3}})
+    _, z2 = _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 2}})
+    assert _phase(z3, "forward-end").gradients_bytes == z3.per_device.gradients_bytes > 0
+    assert _phase(z2, "forward-end").gradients_bytes == 0
+
+
+def test_megatron_optimizer_holds_six_plus_twelve_over_d_bytes_per_parameter():
+    # Megatron Core docs (Distributed Optimizer): bf16 parameters with fp32 gradients hold
+    # 6 + 12/d bytes per parameter with the distributed optimizer - the fp32 main-grad buffer
+    # whole on every rank and kept between steps, fp32 main parameters and Adam state sharded
+    par = {"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 1}}
+    spec, mg = _plan(par, precision="bf16-mixed",
+                     model={"preset": "llama-3.2-1b", "implementation": "megatron"})
+    _, ds = _plan(par, precision="bf16-mixed")
+    n, d = mg.params.total, mg.per_device
+    states = d.weights_bytes + d.gradients_bytes + d.master_weights_bytes + d.optimizer_bytes
+    assert states == pytest.approx(n * (6 + 12 / 8), rel=1e-3)
+    assert d.gradients_bytes == 4 * n == 2 * ds.per_device.gradients_bytes
+    assert _phase(mg, "forward-end").gradients_bytes == 4 * n  # kept, unlike ZeRO-1's
+    assert _phase(ds, "forward-end").gradients_bytes == 0
+    # its optimizer steps on the buffer's shard: no fp32 gradient copy at the step
+    assert _phase(mg, "optimizer-step").temporary_bytes < \
+        _phase(ds, "optimizer-step").temporary_bytes
+    assert any("Megatron-LM's distributed optimizer" in a for a in mg.assumptions)
+
+
+def test_megatron_with_a_zero_stage_that_shards_gradients_is_refused():
+    with pytest.raises(SpecError, match="parallel.deepspeed.stage") as e:
+        _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 2}},
+              model={"preset": "llama-3.2-1b", "implementation": "megatron"})
+    assert "stage: 1" in str(e.value)

@@ -316,6 +316,16 @@ class RunSpec(_Strict):
                                             self.model.task)
         if kernels:
             raise ValueError(kernels)
+        par = self.parallel
+        if (self.model.implementation == "megatron" and par.strategy == "deepspeed"
+                and par.deepspeed.stage > 1):
+            raise ValueError(
+                f"model.implementation megatron with parallel.deepspeed.stage "
+                f"{par.deepspeed.stage}: Megatron-LM's optimizer is planned in ZeRO's terms, "
+                "stage 1 for its distributed optimizer (--use-distributed-optimizer: fp32 "
+                "main parameters and optimizer state sharded, gradients whole) and stage 0 "
+                "without it; it does not shard gradients or parameters. Set "
+                "parallel.deepspeed.stage: 1 (or 0)")
         p = self.precision
         if p.is_fp8 and self.method.kind == "qlora":
             raise ValueError(

@@ -114,7 +114,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
     # fused experts are one (experts, out, in) tensor; per-expert modules one expert each
     largest = max([m.numel if m.peft_kind == "parameter" else m.numel // m.count_per_layer
                    for m in linears] + [s.lm_head_weights])
-    acc_grads = s.grads if spec.gradient_accumulation_steps > 1 else 0
+    acc_grads = s.grads if spec.gradient_accumulation_steps > 1 or s.grads_persistent else 0
     grads, optim_temp = s.grads, s.optim_temp
     if spec.optimizer_in_backward:  # each gradient lives only until its parameter is stepped
         _, _, pb = precision_bytes(spec)
@@ -167,7 +167,9 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: States, cb: int, sb: int) ->
     if spec.objective.paired and spec.model.task == "causal-lm":  # the DPO loss, no gradient
         loss = logprob_bytes(arch, spec, cb, rows)["reference"]
     transient = max(mlp, loss) + s.unsharded  # the layers' transients are gone at the loss
-    return Phase.make("validation", s.weights, s.master, 0, s.optim, 0, transient, s.buckets)
+    kept = s.grads if s.grads_persistent else 0  # a gradient buffer kept between steps
+    return Phase.make("validation", s.weights, s.master, kept, s.optim, 0, transient,
+                      s.buckets)
 
 
 def _rank_states(spec: RunSpec, arch: Arch, stack: str):

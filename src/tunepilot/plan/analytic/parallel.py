@@ -17,7 +17,9 @@ computes under tensor, sequence and context parallel. Pure arithmetic, no torch.
       data-parallel ranks N. The engine keeps the module in the 16-bit dtype under bf16/fp16
       (bf16.enabled: the whole module, LoRA adapters included, cast by DeepSpeedEngine) and an
       fp32 master copy in the optimizer, and computes in 16 bit without autocast:
-        stage 0   16-bit weights and gradients, fp32 master and optimizer state, all whole
+        stage 0   16-bit weights and gradients, fp32 master and optimizer state, all whole;
+                  under bf16 DeepSpeed runs BF16_Optimizer instead: an fp32 gradient buffer
+                  whole, the fp32 master and optimizer state 1/N (bf16_optimizer.py)
         stage 1   + master weights and optimizer state 1/N (and the fp32 gradient partition the
                   step makes)
         stage 2   + 16-bit gradients 1/N (grads_in_partition), reduced through contiguous
@@ -27,7 +29,11 @@ computes under tensor, sequence and context parallel. Pure arithmetic, no torch.
                   stage3_max_live_parameters, the layers reused within stage3_max_reuse_distance
                   (the last layers of the forward, used again at once by the backward), the
                   prefetch bucket and the module in use; the fp32 gradient of one sub_group_size
-                  slice at a time at the step
+                  slice at a time at the step; the 16-bit gradient partition is one buffer
+                  kept through every phase (grad_partitions_flat_buffer)
+      model.implementation megatron: Megatron-LM's optimizer in these terms - stage 1 its
+      distributed optimizer, stage 0 without - with its fp32 main-grad buffer whole and kept
+      (6 + 12/d bytes per parameter; Megatron Core docs, Distributed Optimizer)
       offload_optimizer cpu/nvme moves the master weights, optimizer state, fp32 gradients and
       the step to the host; offload_param moves the 16-bit partitions (stage 3).
 The rank's slice of the model under tensor and expert parallel is the architecture's
@@ -145,6 +151,8 @@ def parallelize(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
         return _fsdp(spec, arch, s, counts, cb, N)
     if par.strategy == "deepspeed":
         return zero_states(spec, arch, s, counts, params)
+    if spec.model.implementation == "megatron":  # its main-grad buffer, kept between steps
+        s.grads_persistent = True
     if par.strategy == "ddp" and N > 1:
         s.buckets = s.grads
         s.notes.append("DDP: gradient buckets are a second copy of the gradients "
@@ -200,7 +208,21 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
     master, grads, optim, temp = 4 * t, t * b16, s.optim, s.optim_temp
     step_grads = 4 * t  # the fp32 gradient the step hands the optimizer
     stage = ds.stage
-    if stage >= 1:
+    megatron = spec.model.implementation == "megatron"
+    bf16_optimizer = stage == 0 and not megatron and spec.precision.computes_in_bf16
+    if megatron or bf16_optimizer:
+        # Megatron-LM: one contiguous main-grad buffer, fp32 under bf16 (its arguments force
+        # accumulate_allreduce_grads_in_fp32), whole on every rank; its optimizer steps on that
+        # buffer's shard - 6 + 12/d bytes per parameter with the distributed optimizer (Megatron
+        # Core docs, Distributed Optimizer). DeepSpeed's stage 0 under bf16 runs BF16_Optimizer
+        # (engine.get_data_types: fp32 grad_accum_dtype for bf16 without ZeRO): the same fp32
+        # gradient buffer, the fp32 master and optimizer state partitioned over the ranks.
+        grads = t * (4 if spec.precision.computes_in_bf16 else b16)
+        step_grads = 0
+        s.grads_persistent = True
+    elif stage == 3:  # stage3.py: grad_partitions_flat_buffer, zeros at init, kept
+        s.grads_persistent = True
+    if stage >= 1 or bf16_optimizer:
         master, optim, temp, step_grads = master // N, optim // N, temp // N, step_grads // N
     if stage >= 2:
         grads //= N
@@ -217,6 +239,20 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
     notes = [f"DeepSpeed ZeRO-{stage} over {N} ranks: "
              + _zero_sharded_words(stage) + f"; the module in {b16 * 8}-bit, an fp32 master "
              f"copy in the optimizer; reduce buckets {fmt_bytes(s.buckets)}"]
+    if megatron:
+        notes[0] = (f"Megatron-LM's {'distributed ' if stage else ''}optimizer over {N} "
+                    f"data-parallel ranks: {b16 * 8}-bit parameters, a main-grad buffer of "
+                    f"{fmt_bytes(grads)} ({grads // max(1, t)} B per parameter, whole on every "
+                    "rank, kept between steps), fp32 main parameters and optimizer state "
+                    + (f"sharded 1/{N}" if stage else "whole") + f"; buckets {fmt_bytes(s.buckets)}")
+    elif bf16_optimizer:
+        notes[0] = (f"DeepSpeed without ZeRO under bf16 (BF16_Optimizer) over {N} ranks: the "
+                    "module in 16-bit, an fp32 gradient-accumulation buffer whole on every rank "
+                    f"and kept between steps ({fmt_bytes(grads)}), the fp32 master and "
+                    f"optimizer state partitioned 1/{N}; buckets {fmt_bytes(s.buckets)}")
+    elif s.grads_persistent:
+        notes.append("ZeRO-3's gradient partition is one buffer allocated at the start and kept "
+                     "through every phase (stage3.py grad_partitions_flat_buffer)")
     if stage == 3:
         weights, gathered = _zero3_weights(spec, arch, counts, weights, params, N)
         s.unsharded = gathered

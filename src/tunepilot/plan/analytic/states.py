@@ -58,6 +58,9 @@ class States:
     unsharded: int = 0
     buckets: int = 0
     host: int = 0  # bytes an offload moved to host memory (DeepSpeed ZeRO-Offload)
+    # the gradients live in a buffer allocated once and kept through every phase (Megatron's
+    # main-grad buffer, ZeRO-3's gradient partition, DeepSpeed's bf16 optimizer's fp32 buffer)
+    grads_persistent: bool = False
     notes: list[str] = field(default_factory=list)
 
 

@@ -196,6 +196,9 @@ def _strategy_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult,
         buckets = raw.model.trainable_bytes
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
                      "gradient_as_bucket_view=False) added to every phase")
+    if spec.model.implementation == "megatron" and strategy != "deepspeed":
+        kept = max(p["gradients"] for p in phases_in)  # Megatron's main-grad buffer
+        phases_in = [dict(p, gradients=kept) for p in phases_in]
     return phases_in, buckets
 
 

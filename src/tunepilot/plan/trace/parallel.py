@@ -197,7 +197,8 @@ def zero_on_trace(spec: RunSpec, arch: Arch, raw, phases: list[dict]
     out = []
     for p in phases:
         q = dict(p, weights=s.weights, master_weights=s.master, optimizer=s.optim,
-                 gradients=int(s.grads * p["gradients"] / grads_max))
+                 gradients=s.grads if s.grads_persistent else
+                 int(s.grads * p["gradients"] / grads_max))
         if p["name"].startswith("optimizer"):
             q["temporary"] = max(0, p["temporary"] - opt_temp) + s.optim_temp
         else:
