@@ -139,3 +139,24 @@ def test_a_quantized_optimizer_keeps_the_state_of_each_ranks_shard(optimizer):
 
     one, four = state(), state(parallel={"strategy": "fsdp", "devices": 4})
     assert one / 4 <= four <= one / 4 * 1.05
+
+
+def test_dropout_is_traced_as_the_gpus_fused_kernel_keeping_a_bool_mask():
+    # CUDA's F.dropout runs native_dropout and keeps a bool mask for the backward; the CPU's
+    # composite dropout keeps a noise tensor in the input's dtype (4 B per element for LoRA's
+    # fp32 adapter inputs). Two layers of q, k, v, o, gate, up (128 wide) and down (256) on
+    # 128 tokens: 262,144 dropout inputs
+    from tunepilot.plan.trace.standins import cuda_dropout
+
+    x = torch.randn(64, 32, requires_grad=True)
+    with cuda_dropout():
+        y = torch.nn.functional.dropout(x, 0.1, True)
+        assert y.grad_fn._saved_result1.dtype == torch.bool
+        same = [torch.nn.functional.dropout(x, p, t) for p, t in ((0.0, True), (0.1, False))]
+    assert all(s is x for s in same)  # p = 0 and eval pass the input through, as on CUDA
+    lora = {"kind": "lora", "lora_targets": "all-linear", "lora_rank": 4}
+    config = {"model_type": "llama", "num_key_value_heads": 4, **SMALL}
+    saved = {p: _trace(config, method=dict(lora, lora_dropout=p)).saved_bytes_at_peak
+             for p in (0.0, 0.1)}
+    n = 2 * 128 * (6 * 128 + 256)
+    assert 0.8 * n <= saved[0.1] - saved[0.0] <= 1.5 * n

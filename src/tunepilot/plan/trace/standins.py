@@ -13,6 +13,9 @@
     fused dropout  attention dropout inside the fused GPU kernels (flash-attention 2/3, SDPA's
                    flash and memory-efficient kernels): no mask kept, as the kernels regenerate
                    it from the RNG state in the backward
+    dropout        F.dropout (LoRA's dropout, hidden dropout) as CUDA and ROCm run it: the
+                   fused native_dropout kernel, a bool mask kept (1 B per element) where the
+                   CPU's composite path keeps a noise tensor in the input's dtype (4 B in fp32)
 Used by the traced plan (plan/trace/step.py) and its tests; importing this imports torch.
 """
 
@@ -302,3 +305,22 @@ def fused_attention_dropout():
 
     return mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
                              without_dropout)
+
+
+def cuda_dropout():
+    """F.dropout as a GPU build runs it: ATen's dropout takes the fused native_dropout kernel
+    for a training dropout with 0 < p < 1 on a CUDA (or ROCm) tensor (Dropout.cpp,
+    is_fused_kernel_acceptable), which returns the output and a bool mask, the mask being what
+    autograd keeps. On the CPU the same call multiplies by a noise tensor in the input's dtype
+    and keeps that: a LoRA dropout on fp32 adapter inputs traced at 4 B per element where the
+    GPU holds 1. In-place dropout is not fused on either, and stays as it is."""
+    from unittest import mock
+
+    dropout = torch.nn.functional.dropout
+
+    def fused(input, p=0.5, training=True, inplace=False):
+        if training and not inplace and 0 < p < 1 and input.numel() > 0:
+            return torch.ops.aten.native_dropout(input, p, True)[0]
+        return dropout(input, p, training, inplace)
+
+    return mock.patch.object(torch.nn.functional, "dropout", fused)

@@ -36,6 +36,7 @@ from tunepilot.plan.trace.standins import (
     CudaAutocastRules,
     QuantizedAdamStandIn,
     ScalerStandIn,
+    cuda_dropout,
     emulate_nf4,
     fused_attention_dropout,
     to_fake,
@@ -510,7 +511,8 @@ def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str
     with t.fake_mode or contextlib.nullcontext(), packing, \
             CudaAutocastRules() if cuda_rules else contextlib.nullcontext(), \
             CudaAutocastInRecompute() if cuda_rules else contextlib.nullcontext(), \
-            _attention_dropout(t):
+            cuda_dropout() if t.dev.type == "cpu" and stack != "cpu" else \
+            contextlib.nullcontext(), _attention_dropout(t):
         info = register_model(t.tracker, t.run.model, spec, t.nf4, t.run.state.reference,
                               t.counts or None)
         t.buffer_seqs = set(info.pop("buffer_seqs"))
