@@ -160,3 +160,30 @@ def test_dropout_is_traced_as_the_gpus_fused_kernel_keeping_a_bool_mask():
              for p in (0.0, 0.1)}
     n = 2 * 128 * (6 * 128 + 256)
     assert 0.8 * n <= saved[0.1] - saved[0.0] <= 1.5 * n
+
+
+def test_megatrons_cross_entropy_stand_in_computes_cross_entropy_keeping_one_fp32_softmax():
+    from tunepilot.plan.trace.kernel_standins import _megatron_ce_loss
+
+    logits = torch.randn(2, 6, 50, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 6))
+    labels[0, 2] = -100
+    loss = _megatron_ce_loss(logits, labels, 50)
+    ref = torch.nn.functional.cross_entropy(
+        logits.float()[:, :-1].reshape(-1, 50), labels[:, 1:].reshape(-1), ignore_index=-100)
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-3)
+    saved = loss.grad_fn.next_functions[0][0].saved_tensors  # the Function's own saves
+    assert [t.dtype for t in saved] == [torch.float32, torch.int64]
+    assert saved[0].shape == (12, 50)  # the softmax, not a log-softmax beside an upcast
+    (g,) = torch.autograd.grad(loss, logits)
+    (g_ref,) = torch.autograd.grad(ref, logits)
+    assert g.dtype == torch.bfloat16
+    assert torch.allclose(g.float(), g_ref.float(), atol=1e-2)
+    # the trace of a megatron spec takes it: at the loss, transformers' log-softmax output and
+    # its separate fp32 gradient are not held (a LoRA run on 128 tokens of a 32k vocabulary,
+    # where the loss sets the peak)
+    config = {"model_type": "llama", "num_key_value_heads": 4, **dict(SMALL, vocab_size=32768)}
+    peaks = {impl: _trace(config, method={"kind": "lora"},
+                          model={"preset": "tiny", "implementation": impl}).peak_bytes
+             for impl in ("transformers", "megatron")}
+    assert peaks["megatron"] < peaks["transformers"] - 128 * 32768 * 4

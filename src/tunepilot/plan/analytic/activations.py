@@ -226,7 +226,10 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
     chunk (lit_gpt/utils.py chunked_cross_entropy): the 16-bit logits (cb*V) and the
     log-softmax cross-entropy saves, in the logits' dtype (fp32 under autocast), for all
     tokens; its backward works a 128-position chunk at a time;
-    torchtune's CEWithChunkedOutputLoss through chunked_loss; Megatron's fused cross-entropy (16-bit logits, no fp32 copy);
+    torchtune's CEWithChunkedOutputLoss through chunked_loss; Megatron's vocab-parallel
+    cross-entropy (fused or not: megatron/core/tensor_parallel/cross_entropy.py) copies the
+    logits to fp32 and turns them into the softmax it keeps in place, then writes the gradient
+    into it and casts it to the logits' dtype (4V kept, cbV in the backward);
     torchtitan computes it as transformers does. sequence-classification: a
     num_labels head on the last token - no vocabulary-sized logits at all.
     """
@@ -246,16 +249,16 @@ def logits_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> tuple[int, 
         ls = 4 if spec.precision.mixed else cb  # log-softmax saved per chunk (fp32 under autocast)
         chunk = min(tokens, LITGPT_LM_HEAD_CHUNK * spec.micro_batch_size)
         return (cb + ls) * V * tokens, 2 * ls * V * chunk
-    if impl == "megatron":
-        return cb * V * tokens, 2 * cb * V * tokens
     head_input = variants.trained_head_input_bytes(arch, spec, cb, tokens)
+    if impl == "megatron":  # its fp32 softmax kept, the gradient written into it, cast to cb
+        return 4 * V * tokens + head_input, cb * V * tokens
     return 4 * V * tokens + head_input, 8 * V * tokens
 
 
 def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
     """The lm_head output and its fp32 upcast alive at the end of the forward (per chunk where
-    the loss is chunked; none for Megatron's fused loss, whose 16-bit logits are retained; none
-    for classification)."""
+    the loss is chunked; for Megatron's loss the 16-bit logits beside the fp32 softmax it keeps,
+    computed in place; none for classification)."""
     V = arch.vocab_size
     impl = spec.model.implementation
     if spec.model.task == "sequence-classification":
@@ -265,7 +268,9 @@ def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int
         return kernel[2]
     if spec.loss_is_chunked:
         return (cb + 4) * V * min(tokens, CHUNKED_LOSS_TOKENS)
-    if impl == "megatron" or spec.litgpt_loss:
+    if impl == "megatron":
+        return cb * V * tokens
+    if spec.litgpt_loss:
         return 0  # its 16-bit logits are the retained ones
     return (cb + 4) * V * tokens
 

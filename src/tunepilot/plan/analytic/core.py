@@ -241,7 +241,9 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
             "torchtitan": "model.implementation torchtitan: its loss and layers saved as "
                           "transformers' (eager)",
             "megatron": "model.implementation megatron: fused bias-SwiGLU (saves 2 x i, not "
-                        "3 x i) and fused cross-entropy (no fp32 logits copy)",
+                        "3 x i) and its vocab-parallel cross-entropy (an fp32 softmax kept and "
+                        "its gradient written in place: no log-softmax, no separate fp32 "
+                        "gradient)",
         }[impl] + "; the trace runs transformers' code and stands in for it")
     from tunepilot.plan.analytic.activations import PYTHON_ACTIVATIONS, python_activation_saves
 

@@ -365,6 +365,55 @@ def _liger_ce_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_i
     return _InPlaceCE.apply(x, y) / n
 
 
+class _MegatronCE(torch.autograd.Function):
+    """Megatron-core's vocab-parallel cross entropy (fused or not, one tensor-parallel rank):
+    the logits copied to fp32 (calculate_logits_max), shifted, exponentiated and normalised in
+    place into the softmax it keeps for the backward, whose gradient is written into that
+    softmax in place and cast to the logits' dtype - no log-softmax output, no separate fp32
+    gradient (megatron/core/tensor_parallel/cross_entropy.py)."""
+
+    @staticmethod
+    def forward(ctx, logits, y):
+        x = logits.float()
+        x -= x.max(-1, keepdim=True).values
+        valid = y != IGNORE
+        picked = x.gather(-1, y.clamp(min=0)[:, None]).squeeze(-1)
+        torch.exp(x, out=x)
+        total = x.sum(-1)
+        x.div_(total[:, None])
+        ctx.save_for_backward(x, y)
+        return ((total.log() - picked) * valid).sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, y = ctx.saved_tensors
+        valid = (y != IGNORE).to(softmax.dtype)
+        softmax.scatter_add_(-1, y.clamp(min=0)[:, None], -valid[:, None])
+        softmax.mul_(valid[:, None] * g.float())
+        return softmax, None
+
+
+def _megatron_ce_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=IGNORE,
+                      **_kwargs):
+    """transformers' ForCausalLMLoss as Megatron computes it (_MegatronCE)."""
+    y = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:].reshape(-1)
+    n = num_items_in_batch if num_items_in_batch is not None else (y != IGNORE).sum().clamp(min=1)
+    return _MegatronCE.apply(logits.view(-1, vocab_size), y) / n
+
+
+def megatron_loss(model: torch.nn.Module, spec, notes: list[str]) -> bool:
+    """model.implementation megatron without a loss kernel: its cross entropy in place of
+    transformers' (which keeps an fp32 log-softmax and makes a separate fp32 gradient)."""
+    if spec.model.implementation != "megatron" or variants.loss_kernel(spec) or \
+            spec.model.task != "causal-lm" or spec.objective.kind != "sft":
+        return False
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.loss_function = _megatron_ce_loss
+    notes.append("model.implementation megatron: its vocab-parallel cross entropy traced as it "
+                 "runs (an fp32 softmax kept, the gradient written into it in place)")
+    return True
+
+
 def _decoder(causal_lm: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack under a CausalLM head: ``model`` by transformers' convention, else its
     base model (Llama4ForCausalLM names a base_model_prefix it does not hold, so base_model is

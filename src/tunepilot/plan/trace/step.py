@@ -27,7 +27,7 @@ from tunepilot.plan.trace.fsdp import (
     release_fake_process_group,
     shard_traced,
 )
-from tunepilot.plan.trace.kernel_standins import flash_with_sinks, xielu_kernels
+from tunepilot.plan.trace.kernel_standins import flash_with_sinks, megatron_loss, xielu_kernels
 from tunepilot.plan.trace.messages import TraceJob, TraceResult
 from tunepilot.plan.trace.replay import replayed
 from tunepilot.plan.trace.routing import balanced_routing
@@ -134,6 +134,7 @@ def build_traced(spec: RunSpec, config: dict, stack: str, *, fake: bool, device:
 
     def prepare(model):
         fused_activations(model, spec, t.notes)
+        megatron_loss(model, spec, t.notes)
         xielu_kernels(model, t.notes)
         kernel_standins(model, spec, config, t.notes)
         if sharded:  # counted whole, before the 4-bit packing and the sharding
