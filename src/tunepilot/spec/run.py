@@ -279,8 +279,10 @@ class RunSpec(_Strict):
     micro_batch_size: int = Field(default=1, gt=0, le=1 << 16)
     gradient_accumulation_steps: int = Field(default=1, gt=0, le=1 << 16)
     activation_checkpointing: Checkpointing = "none"
-    """none | full (each layer's input) | selective (attention recomputed) | selective-op
-    (torchtitan's per-op SAC: every other matmul output kept, attention outputs kept)"""
+    """none | full (each layer's input) | selective (op-level SAC: matmul and attention
+    outputs kept, the elementwise ops recomputed) | selective-op (torchtitan's per-op SAC: every
+    other matmul output kept, attention outputs kept). Megatron's selective recompute (the core
+    attention only) is none here under a flash kernel, which keeps no s x s scores anyway."""
     chunked_loss: bool = False
     torch_compile: bool = False
     """the model compiled with torch.compile (Inductor fuses pointwise ops: fewer saved
