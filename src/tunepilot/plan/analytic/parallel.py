@@ -236,23 +236,7 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
         s.buckets = bucket * (2 if ds.overlaps else 1) if ds.contiguous_gradients else 0
     else:
         s.buckets = bucket
-    notes = [f"DeepSpeed ZeRO-{stage} over {N} ranks: "
-             + _zero_sharded_words(stage) + f"; the module in {b16 * 8}-bit, an fp32 master "
-             f"copy in the optimizer; reduce buckets {fmt_bytes(s.buckets)}"]
-    if megatron:
-        notes[0] = (f"Megatron-LM's {'distributed ' if stage else ''}optimizer over {N} "
-                    f"data-parallel ranks: {b16 * 8}-bit parameters, a main-grad buffer of "
-                    f"{fmt_bytes(grads)} ({grads // max(1, t)} B per parameter, whole on every "
-                    "rank, kept between steps), fp32 main parameters and optimizer state "
-                    + (f"sharded 1/{N}" if stage else "whole") + f"; buckets {fmt_bytes(s.buckets)}")
-    elif bf16_optimizer:
-        notes[0] = (f"DeepSpeed without ZeRO under bf16 (BF16_Optimizer) over {N} ranks: the "
-                    "module in 16-bit, an fp32 gradient-accumulation buffer whole on every rank "
-                    f"and kept between steps ({fmt_bytes(grads)}), the fp32 master and "
-                    f"optimizer state partitioned 1/{N}; buckets {fmt_bytes(s.buckets)}")
-    elif s.grads_persistent:
-        notes.append("ZeRO-3's gradient partition is one buffer allocated at the start and kept "
-                     "through every phase (stage3.py grad_partitions_flat_buffer)")
+    notes = [_engine_words(spec, s, grads, t, bf16_optimizer)]
     if stage == 3:
         weights, gathered = _zero3_weights(spec, arch, counts, weights, params, N)
         s.unsharded = gathered
@@ -280,6 +264,31 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
     s.host = host
     s.notes += notes
     return s
+
+
+def _engine_words(spec: RunSpec, s: States, grads: int, t: int, bf16_optimizer: bool) -> str:
+    """The plan's line about the engine holding the states: ZeRO's stage, DeepSpeed's
+    BF16_Optimizer or Megatron-LM's optimizer."""
+    stage, N = spec.parallel.deepspeed.stage, spec.parallel.replicas
+    b16 = spec.precision.compute_bytes
+    if spec.model.implementation == "megatron":
+        return (f"Megatron-LM's {'distributed ' if stage else ''}optimizer over {N} "
+                f"data-parallel ranks: {b16 * 8}-bit parameters, a main-grad buffer of "
+                f"{fmt_bytes(grads)} ({grads // max(1, t)} B per parameter, whole on every rank, "
+                "kept between steps), fp32 main parameters and optimizer state "
+                + (f"sharded 1/{N}" if stage else "whole") + f"; buckets {fmt_bytes(s.buckets)}")
+    if bf16_optimizer:
+        return (f"DeepSpeed without ZeRO under bf16 (BF16_Optimizer) over {N} ranks: the module "
+                "in 16-bit, an fp32 gradient-accumulation buffer whole on every rank and kept "
+                f"between steps ({fmt_bytes(grads)}), the fp32 master and optimizer state "
+                f"partitioned 1/{N}; buckets {fmt_bytes(s.buckets)}")
+    words = (f"DeepSpeed ZeRO-{stage} over {N} ranks: " + _zero_sharded_words(stage)
+             + f"; the module in {b16 * 8}-bit, an fp32 master copy in the optimizer; reduce "
+             f"buckets {fmt_bytes(s.buckets)}")
+    if stage == 3:
+        words += ("; its gradient partition one buffer allocated at the start and kept through "
+                  "every phase (stage3.py grad_partitions_flat_buffer)")
+    return words
 
 
 def _zero_sharded_words(stage: int) -> str:
