@@ -343,6 +343,12 @@ def test_megatron_optimizer_holds_six_plus_twelve_over_d_bytes_per_parameter():
     assert _phase(mg, "optimizer-step").temporary_bytes < \
         _phase(ds, "optimizer-step").temporary_bytes
     assert any("Megatron-LM's distributed optimizer" in a for a in mg.assumptions)
+    # and reduces them in fp32 (accumulate_allreduce_grads_in_fp32): twice ZeRO-1's bytes
+    def scatter(s):
+        arch = resolve_arch(s)
+        return next(c for c in collectives(s, arch) if c.op == "reduce-scatter")
+    zero1 = _plan(par, precision="bf16-mixed")[0]
+    assert scatter(spec).bytes_per_call == 2 * scatter(zero1).bytes_per_call
 
 
 def test_megatron_with_a_zero_stage_that_shards_gradients_is_refused():

@@ -96,11 +96,15 @@ def _zero(spec: RunSpec, arch: Arch, n: int, A: int, trained: int, total: int
           ) -> list[Collective]:
     ds = spec.parallel.deepspeed
     b16 = spec.precision.compute_bytes  # DeepSpeed's module: its 16-bit engine, or fp32
+    # gradients reduced in fp32 where they accumulate in fp32 (plan/analytic/parallel.py):
+    # Megatron-LM's main grads, DeepSpeed's BF16_Optimizer at stage 0
+    gb = 4 if spec.precision.computes_in_bf16 and (
+        spec.model.implementation == "megatron" or ds.stage == 0) else b16
     overlap = ds.overlaps
     if ds.stage == 0:
-        return [Collective("all-reduce", "data", n, trained * b16, 1, False,
+        return [Collective("all-reduce", "data", n, trained * gb, 1, False,
                            "ZeRO-0: the gradients, at the end of the step's backward")]
-    out = [Collective("reduce-scatter", "data", n, trained * b16, A if ds.stage >= 2 else 1,
+    out = [Collective("reduce-scatter", "data", n, trained * gb, A if ds.stage >= 2 else 1,
                       overlap, f"ZeRO-{ds.stage}: the gradients, "
                       + ("every micro-batch, bucket by bucket" if ds.stage >= 2 else
                          "once per step"))]
