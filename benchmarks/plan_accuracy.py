@@ -313,8 +313,10 @@ def summarize(out: list[dict], trace: bool) -> dict:
             traced_within_10pct=sum(x <= 0.10 for x in errs),
             traced_outside_explained=sum(abs(r["traced_error"]) > 0.10 and bool(r["why"])
                                          for r in ta),
+            traced_outside_caveat=[r["id"] for r in ta if abs(r["traced_error"]) > 0.10
+                                   and not r["why"] and r["unmodelled"]],
             traced_outside_unexplained=[r["id"] for r in ta if abs(r["traced_error"]) > 0.10
-                                        and not r["why"]],
+                                        and not r["why"] and not r["unmodelled"]],
             traced_fallbacks=sum(r.get("traced_error") is None for r in out),
             fsdp_rows=len(fsdp), fsdp_rows_traced_per_rank=sum(
                 r.get("fsdp") == "traced per rank" for r in fsdp),
@@ -367,7 +369,9 @@ def show(out: list[dict], summary: dict, trace: bool) -> None:
     if outside and trace:
         print("\nrows outside +-10% (traced) and why:")
         for r in outside:
-            print(f"{r['id']:>4} {r[err_key]:+7.1%}  {r['why'] or 'NOT EXPLAINED'}")
+            why = r["why"] or ("a setting the source leaves open (not modelled, above)"
+                               if r["unmodelled"] else "NOT EXPLAINED")
+            print(f"{r['id']:>4} {r[err_key]:+7.1%}  {why}")
     elif outside:
         print(f"\n{len(outside)} rows outside +-10% (analytic): "
               + ", ".join(r["id"] for r in outside) + " (--trace: the traced plan and causes)")
@@ -380,6 +384,7 @@ def show(out: list[dict], summary: dict, trace: bool) -> None:
               f"like-for-like; {summary['traced_median_abs_error_all']:.1%} all; "
               f"{summary['traced_within_10pct']} of {summary['rows']} within +-10%, "
               f"{summary['traced_outside_explained']} outside with a stated cause, "
+              f"{len(summary['traced_outside_caveat'])} with a setting the source leaves open, "
               f"{len(summary['traced_outside_unexplained'])} unexplained; "
               f"{summary['traced_fallbacks']} fallbacks; FSDP rows: "
               f"{summary['fsdp_rows_traced_per_rank']} of {summary['fsdp_rows']} traced per "
