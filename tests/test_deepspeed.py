@@ -356,3 +356,24 @@ def test_megatron_with_a_zero_stage_that_shards_gradients_is_refused():
         _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 2}},
               model={"preset": "llama-3.2-1b", "implementation": "megatron"})
     assert "stage: 1" in str(e.value)
+
+
+def test_sequence_parallel_is_traced_as_the_tensor_slice_over_the_whole_sequence():
+    # the trace runs the rank's tensor slice (heads, MLP, vocabulary / t) without sequence
+    # parallel, over every token; the hidden-sized saves are then split by the analytic ratio.
+    # Tracing the slice over 1/t of the tokens as well divided the sliced saves twice
+    from tunepilot.plan.trace.parallel import sequence_parallel_share, trace_target
+
+    par = {"strategy": "ddp", "devices": 8, "tensor": 4, "sequence_parallel": True}
+    spec, _ = _plan(par)
+    arch = resolve_arch(spec)
+    target, config = trace_target(spec, {"model_type": "llama", "hidden_size": arch.hidden_size,
+                                         "num_attention_heads": arch.num_heads,
+                                         "num_key_value_heads": arch.num_kv_heads,
+                                         "intermediate_size": arch.intermediate_size,
+                                         "vocab_size": arch.vocab_size,
+                                         "num_hidden_layers": arch.num_layers}, arch)
+    assert target.sequence_length == spec.sequence_length
+    assert config["hidden_size"] == arch.hidden_size
+    assert config["num_attention_heads"] == arch.num_heads // 4
+    assert 1 / 4 <= sequence_parallel_share(spec, arch) < 1  # full checkpointing: 1/4

@@ -52,6 +52,9 @@ def trace_target(spec: RunSpec, config: dict, arch: Arch) -> tuple[RunSpec, dict
         return (spec.with_changes(parallel=dict(par.model_dump(), expert=1)),
                 expert_config(config, par.expert))
     step = rank_view(spec, arch).step_spec
+    if par.sequence_parallel:  # traced without it, whole sequence through the tensor slice:
+        # parallel_on_trace splits the hidden-sized saves (sequence_parallel_share)
+        step = step.with_changes(sequence_length=-(-spec.sequence_length // par.context))
     if par.strategy == "fsdp":
         parallel = dict(par.model_dump(), devices=par.replicas, nodes=1, tensor=1,
                         context=1, sequence_parallel=False, expert=1)
