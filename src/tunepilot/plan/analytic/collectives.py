@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 from tunepilot.model.arch import Arch, tensor_slice
 from tunepilot.plan.analytic.activations import precision_bytes
-from tunepilot.plan.analytic.parallel import rank_view
+from tunepilot.plan.analytic.parallel import fp32_grad_buffer, rank_view
 from tunepilot.plan.analytic.states import split_params
 from tunepilot.spec import RunSpec
 
@@ -96,10 +96,7 @@ def _zero(spec: RunSpec, arch: Arch, n: int, A: int, trained: int, total: int
           ) -> list[Collective]:
     ds = spec.parallel.deepspeed
     b16 = spec.precision.compute_bytes  # DeepSpeed's module: its 16-bit engine, or fp32
-    # gradients reduced in fp32 where they accumulate in fp32 (plan/analytic/parallel.py):
-    # Megatron-LM's main grads, DeepSpeed's BF16_Optimizer at stage 0
-    gb = 4 if spec.precision.computes_in_bf16 and (
-        spec.model.implementation == "megatron" or ds.stage == 0) else b16
+    gb = 4 if fp32_grad_buffer(spec) else b16  # reduced in the dtype they accumulate in
     overlap = ds.overlaps
     if ds.stage == 0:
         return [Collective("all-reduce", "data", n, trained * gb, 1, False,

@@ -69,6 +69,25 @@ class RankView:
     notes: list[str] = field(default_factory=list)
 
 
+def fp32_grad_buffer(spec: RunSpec) -> bool:
+    """The gradients accumulate (and are reduced) in one fp32 buffer: Megatron-LM's main grads
+    under bf16 (its arguments force accumulate_allreduce_grads_in_fp32), or DeepSpeed's
+    BF16_Optimizer - stage 0 under bf16 (engine.get_data_types: fp32 grad_accum_dtype)."""
+    par = spec.parallel
+    return spec.precision.computes_in_bf16 and (
+        spec.model.implementation == "megatron"
+        or (par.strategy == "deepspeed" and par.deepspeed.stage == 0))
+
+
+def grads_kept(spec: RunSpec) -> bool:
+    """The gradients live in a buffer allocated once and kept through every phase: Megatron's
+    main-grad buffer, BF16_Optimizer's fp32 buffer, ZeRO-3's partition (stage3.py
+    grad_partitions_flat_buffer) - not made in the backward and freed by zero_grad."""
+    par = spec.parallel
+    return (spec.model.implementation == "megatron" or fp32_grad_buffer(spec)
+            or (par.strategy == "deepspeed" and par.deepspeed.stage == 3))
+
+
 def step_precision(spec: RunSpec) -> str:
     """The precision one rank computes in: DeepSpeed's bf16/fp16 engines hold the module in 16
     bit and run without autocast (memory as bf16-true; the fp32 master copy lives in the ZeRO
@@ -151,8 +170,7 @@ def parallelize(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
         return _fsdp(spec, arch, s, counts, cb, N)
     if par.strategy == "deepspeed":
         return zero_states(spec, arch, s, counts, params)
-    if spec.model.implementation == "megatron":  # its main-grad buffer, kept between steps
-        s.grads_persistent = True
+    s.grads_persistent = grads_kept(spec)  # Megatron's main-grad buffer
     if par.strategy == "ddp" and N > 1:
         s.buckets = s.grads
         s.notes.append("DDP: gradient buckets are a second copy of the gradients "
@@ -209,19 +227,15 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
     step_grads = 4 * t  # the fp32 gradient the step hands the optimizer
     stage = ds.stage
     megatron = spec.model.implementation == "megatron"
-    bf16_optimizer = stage == 0 and not megatron and spec.precision.computes_in_bf16
+    bf16_optimizer = fp32_grad_buffer(spec) and not megatron
     if megatron or bf16_optimizer:
-        # Megatron-LM: one contiguous main-grad buffer, fp32 under bf16 (its arguments force
-        # accumulate_allreduce_grads_in_fp32), whole on every rank; its optimizer steps on that
-        # buffer's shard - 6 + 12/d bytes per parameter with the distributed optimizer (Megatron
-        # Core docs, Distributed Optimizer). DeepSpeed's stage 0 under bf16 runs BF16_Optimizer
-        # (engine.get_data_types: fp32 grad_accum_dtype for bf16 without ZeRO): the same fp32
-        # gradient buffer, the fp32 master and optimizer state partitioned over the ranks.
-        grads = t * (4 if spec.precision.computes_in_bf16 else b16)
+        # Megatron-LM: one contiguous main-grad buffer, whole on every rank; its optimizer
+        # steps on that buffer's shard - 6 + 12/d bytes per parameter with the distributed
+        # optimizer (Megatron Core docs, Distributed Optimizer). DeepSpeed's BF16_Optimizer: the
+        # same fp32 gradient buffer, the fp32 master and optimizer state partitioned over ranks.
+        grads = t * (4 if fp32_grad_buffer(spec) else b16)
         step_grads = 0
-        s.grads_persistent = True
-    elif stage == 3:  # stage3.py: grad_partitions_flat_buffer, zeros at init, kept
-        s.grads_persistent = True
+    s.grads_persistent = grads_kept(spec)
     if stage >= 1 or bf16_optimizer:
         master, optim, temp, step_grads = master // N, optim // N, temp // N, step_grads // N
     if stage >= 2:

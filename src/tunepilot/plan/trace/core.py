@@ -48,6 +48,7 @@ from tunepilot.plan.analytic.core import (
     offload_note,
     per_device_figures,
 )
+from tunepilot.plan.analytic.parallel import grads_kept
 from tunepilot.plan.analytic.variants import (
     in_use,
     kernel_notes,
@@ -196,8 +197,8 @@ def _strategy_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult,
         buckets = raw.model.trainable_bytes
         notes.append("DDP: gradient buckets (a second copy of the gradients, PyTorch's default "
                      "gradient_as_bucket_view=False) added to every phase")
-    if spec.model.implementation == "megatron" and strategy != "deepspeed":
-        kept = max(p["gradients"] for p in phases_in)  # Megatron's main-grad buffer
+    if strategy != "deepspeed" and grads_kept(spec):  # Megatron's main-grad buffer
+        kept = max(p["gradients"] for p in phases_in)
         phases_in = [dict(p, gradients=kept) for p in phases_in]
     return phases_in, buckets
 

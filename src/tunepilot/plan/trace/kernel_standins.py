@@ -356,13 +356,19 @@ class _InPlaceCE(torch.autograd.Function):
         return x.mul_(g.to(x.dtype)), None
 
 
+def _next_tokens(labels, num_items_in_batch=None, ignore_index=IGNORE):
+    """transformers' ForCausalLMLoss's targets: the labels shifted by one, flat, and the count
+    the summed loss is divided by (the batch's own targets unless the trainer gives one)."""
+    y = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:].reshape(-1)
+    n = num_items_in_batch if num_items_in_batch is not None else (y != IGNORE).sum().clamp(min=1)
+    return y, n
+
+
 def _liger_ce_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=IGNORE,
                    **_kwargs):
     """transformers' ForCausalLMLoss with Liger's cross_entropy patched in."""
-    x = logits.float().view(-1, vocab_size)
-    y = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:].reshape(-1)
-    n = num_items_in_batch if num_items_in_batch is not None else (y != IGNORE).sum().clamp(min=1)
-    return _InPlaceCE.apply(x, y) / n
+    y, n = _next_tokens(labels, num_items_in_batch, ignore_index)
+    return _InPlaceCE.apply(logits.float().view(-1, vocab_size), y) / n
 
 
 class _MegatronCE(torch.autograd.Function):
@@ -396,8 +402,7 @@ class _MegatronCE(torch.autograd.Function):
 def _megatron_ce_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=IGNORE,
                       **_kwargs):
     """transformers' ForCausalLMLoss as Megatron computes it (_MegatronCE)."""
-    y = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:].reshape(-1)
-    n = num_items_in_batch if num_items_in_batch is not None else (y != IGNORE).sum().clamp(min=1)
+    y, n = _next_tokens(labels, num_items_in_batch, ignore_index)
     return _MegatronCE.apply(logits.view(-1, vocab_size), y) / n
 
 
@@ -434,9 +439,8 @@ def _fused_loss_forward(self, input_ids=None, attention_mask=None, labels=None,
     hidden = _decoder(self)(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids).last_hidden_state  # (b, s, h)
     head = self.get_output_embeddings()
-    y = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[:, 1:].reshape(-1)
+    y, n = _next_tokens(labels, num_items_in_batch)
     h = hidden.reshape(-1, hidden.shape[-1])
-    n = num_items_in_batch if num_items_in_batch is not None else (y != IGNORE).sum().clamp(min=1)
     kind = self._tunepilot_loss
     if kind == "liger_fused_linear_cross_entropy":
         chunk = variants.liger_chunk_tokens(h.shape[0], head.weight.shape[0], h.shape[1])
