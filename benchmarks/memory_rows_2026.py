@@ -235,6 +235,13 @@ CARD_BYTES_2026 = dict.fromkeys(("ms4", "ms6"), 81920 << 20)
 
 # Why a row stays outside +-10% (the traced plan): filled from the run's output and sources.
 WHY_2026: dict[str, str] = {
+    "ax2": "the figure's run cannot be the commit's own: at axolotl 372f664 (which added the "
+           "'about 11.3 GiB' line) the pinned Cut Cross-Entropy fork (ml-cross-entropy 242b245) "
+           "calls patch_olmo3 with an argument it does not take - a TypeError before the model "
+           "loads, fixed in the fork's f4b5712 (2026-01-27) - so the version, and whether the "
+           "loss ran fused, is open; without CCE the logits (4,096 x 100,278) add 2.3-3.8 GiB, "
+           "the size of the gap. The same yaml template's sibling figures sit where the plan "
+           "does: Apertus-8B 8.7 GiB (ax1, traced +6.5%), Ministral-8B 8.76 GiB",
     "ax6": "the same config as ax5 on 4 ranks instead of 8: the two published figures ('~36' "
            "and '~46 GiB/GPU') differ by 10 GiB, where the rank's sharded states alone differ "
            "by 14.7 GiB (20.9B parameters x 6.03 B - bf16 weights and gradients, torchao 8-bit "

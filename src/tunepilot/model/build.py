@@ -235,6 +235,10 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
         for name, p in peft_model.named_parameters():
             if "lora_" in name:  # adapters and DoRA's magnitude (not modules_to_save copies)
                 p.data = p.data.to(torch.bfloat16)
+    if spec.model.implementation == "litgpt":  # its fused-qkv LoRA keeps the adapters' output
+        from tunepilot.model.litgpt import keep_lora_output
+
+        keep_lora_output(peft_model, m.lora_qkv_parts)
     return peft_model
 
 

@@ -53,6 +53,11 @@ class MethodSpec(_Strict):
     adapter_dtype: Literal["bf16", "fp32"] | None = None
     """LoRA/QLoRA adapter weights: null = PEFT's default (fp32 adapters, autocast_adapter_dtype);
     bf16 = adapters in bf16 (LitGPT's and torchtune's pure-bf16 runs)"""
+    lora_qkv_parts: list[Literal["q", "k", "v"]] | None = None
+    """model.implementation litgpt only: the parts of a fused query/key/value matrix (gpt_neox's
+    query_key_value, qkv_proj, Wqkv, c_attn) its LoRA adapts - LitGPT's lora_query / lora_key /
+    lora_value (its finetune defaults: [q, v]); the other parts' update stays zero. null: the
+    whole matrix. On a model with split q_proj / k_proj / v_proj, lora_targets says it."""
     dora: bool = False
     """DoRA (PEFT use_dora): magnitude vector + per-forward weight norm of W + BA"""
     rslora: bool = False
@@ -80,7 +85,8 @@ class MethodSpec(_Strict):
                     "precision field decides the weights' dtype"
                 )
             on = [k for k in ("dora", "rslora") if getattr(self, k)] + \
-                (["modules_to_save"] if self.modules_to_save else [])
+                (["modules_to_save"] if self.modules_to_save else []) + \
+                (["lora_qkv_parts"] if self.lora_qkv_parts is not None else [])
             if on:
                 raise ValueError(
                     f"sets {', '.join(on)} on a full fine-tune; these are LoRA variants (every "
@@ -91,6 +97,10 @@ class MethodSpec(_Strict):
                 object.__setattr__(self, "lora_rank", DEFAULT_LORA_RANK)
             if self.lora_alpha is None:
                 object.__setattr__(self, "lora_alpha", float(2 * self.lora_rank))
+            parts = self.lora_qkv_parts
+            if parts is not None and (not parts or len(set(parts)) != len(parts)):
+                raise ValueError(f"lora_qkv_parts {parts} is empty or lists a part twice: list "
+                                 "each adapted part once, e.g. [q, v], or leave it null")
             if isinstance(self.lora_targets, list) and not self.lora_targets:
                 raise ValueError("lora_targets is empty; list module names or use 'all-linear'")
             if len(set(self.modules_to_save)) != len(self.modules_to_save) or \

@@ -318,6 +318,12 @@ class RunSpec(_Strict):
                                             self.model.task)
         if kernels:
             raise ValueError(kernels)
+        if self.method.lora_qkv_parts is not None and self.model.implementation != "litgpt":
+            raise ValueError(
+                f"method.lora_qkv_parts {self.method.lora_qkv_parts} with model.implementation "
+                f"{self.model.implementation}: adapting part of a fused query/key/value matrix "
+                "is LitGPT's LoRA (lora_query / lora_key / lora_value); PEFT adapts the whole "
+                "module. Set model.implementation: litgpt, or remove method.lora_qkv_parts")
         par = self.parallel
         if (self.model.implementation == "megatron" and par.strategy == "deepspeed"
                 and par.deepspeed.stage > 1):

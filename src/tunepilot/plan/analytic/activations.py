@@ -5,7 +5,7 @@ ops each implementation runs; pure arithmetic, no torch.
 
 from __future__ import annotations
 
-from tunepilot.model.arch import Arch, LinearSpec, lora_targets
+from tunepilot.model.arch import Arch, LinearSpec, linear_modules, lora_targets
 from tunepilot.model.flops import DTYPE_BYTES
 from tunepilot.plan.analytic import moe, variants
 from tunepilot.spec import CHUNKED_LOSS_TOKENS, LITGPT_LM_HEAD_CHUNK, RunSpec
@@ -147,7 +147,27 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
             continue
         group = _input_group(lin)
         inputs[group] = max(inputs.get(group, 0), int(share * per_feature * lin.in_features))
-    return extra + sum(inputs.values())
+    return extra + sum(inputs.values()) + cb * litgpt_kept_features(arch, spec)
+
+
+def litgpt_kept_features(arch: Arch, spec: RunSpec) -> int:
+    """Per token, the adapter output features LitGPT's fused-qkv LoRA keeps for the backward
+    when it adapts some but not all of q, k and v: zero_pad's index_copy saves its source, the
+    enabled parts' output (model/litgpt.py)."""
+    if spec.model.implementation != "litgpt" or not spec.method.is_lora:
+        return 0
+    from tunepilot.model.litgpt import QKV_FUSED, part_widths, partial_qkv
+
+    linears = {lin.name: lin for lin in linear_modules(arch) if lin.group == "attention"}
+    adapted = {lin.name for lin in lora_targets(arch, spec.method.lora_targets)}
+    kept = sum(int(arch.layer_share(linears[n]) * linears[n].out_features)
+               for n in partial_qkv(adapted, set(linears)))
+    parts = spec.method.lora_qkv_parts
+    if parts is not None and len(set(parts)) < 3:
+        widths = part_widths(arch.num_heads, arch.num_kv_heads, arch.head_dim)
+        kept += sum(int(arch.layer_share(linears[n]) * sum(widths[p] for p in parts))
+                    for n in QKV_FUSED if n in adapted)
+    return kept
 
 
 def saved_activations(arch: Arch, spec: RunSpec, cb: int, sb: int, tokens: int) -> tuple[int, int]:

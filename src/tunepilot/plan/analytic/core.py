@@ -235,7 +235,8 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
     if impl != "transformers":
         notes.append({
             "litgpt": "model.implementation litgpt: its chunked cross-entropy, planned as a "
-                      "chunked loss",
+                      "chunked loss; LoRA on some of q, k, v keeps the adapters' output "
+                      "(its zero_pad's index_copy)",
             "torchtune": "model.implementation torchtune: its layers and loss saved as "
                          "transformers' (chunked_loss: its chunked loss)",
             "torchtitan": "model.implementation torchtitan: its loss and layers saved as "
