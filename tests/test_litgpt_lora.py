@@ -56,6 +56,12 @@ def test_bad_qkv_parts_are_refused_naming_the_field(method, field):
         _spec(lora_targets=["query_key_value"], **method)
 
 
+def test_qkv_parts_on_a_model_with_split_q_k_v_are_refused_naming_the_field():
+    with pytest.raises(UserError, match="method.lora_qkv_parts") as err:
+        litgpt_kept_features(Arch.from_config(LLAMA), _spec(lora_qkv_parts=["q", "v"]))
+    assert "lora_targets" in err.value.hint
+
+
 def test_qkv_parts_need_litgpt_and_adapters():
     with pytest.raises(UserError, match="Set model.implementation: litgpt"):
         _spec("transformers", lora_targets=["query_key_value"], lora_qkv_parts=["q", "v"])

@@ -163,6 +163,19 @@ def litgpt_kept_features(arch: Arch, spec: RunSpec) -> int:
     kept = sum(int(arch.layer_share(linears[n]) * linears[n].out_features)
                for n in partial_qkv(adapted, set(linears)))
     parts = spec.method.lora_qkv_parts
+    if parts is not None and not any(n in adapted for n in QKV_FUSED):
+        from tunepilot.errors import SpecError
+
+        split = [n for n in ("q_proj", "k_proj", "v_proj") if n in linears]
+        raise SpecError(
+            field="method.lora_qkv_parts",
+            message=f"{parts} names parts of a fused query/key/value matrix, but LoRA adapts "
+                    f"none here ({arch.model_type}: "
+                    + (f"split {', '.join(split)}" if split else "no fused qkv matrix")
+                    + f" in lora_targets {spec.method.lora_targets}).",
+            hint=("Name the adapted projections in method.lora_targets (e.g. [q_proj, v_proj]) "
+                  "and remove lora_qkv_parts." if split else
+                  "Add the fused qkv module to method.lora_targets, or remove lora_qkv_parts."))
     if parts is not None and len(set(parts)) < 3:
         widths = part_widths(arch.num_heads, arch.num_kv_heads, arch.head_dim)
         kept += sum(int(arch.layer_share(linears[n]) * sum(widths[p] for p in parts))
