@@ -240,3 +240,26 @@ def test_the_plan_header_names_the_optimizer_state_it_counts(tmp_path, name, wor
     assert out.returncode == 0, out.stderr
     header = next(line for line in out.stdout.splitlines() if line.startswith("params:"))
     assert words in header and not_words not in header, header
+
+
+def test_a_checkpointed_step_peaks_where_the_last_layer_is_recomputed_with_every_input_kept():
+    # under full checkpointing the backward starts by recomputing the last layer while every
+    # layer's input is still kept: for an MoE layer at 16k tokens with a fused loss that working
+    # set (the routed experts' saves) outweighs the loss, and sets the peak
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 256, "num_hidden_layers": 4,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+           "intermediate_size": 512, "moe_intermediate_size": 128, "num_experts": 16,
+           "num_experts_per_tok": 4, "vocab_size": 512, "max_position_embeddings": 8192}
+    fields = {"model": {"preset": "tiny"}, "sequence_length": 4096, "micro_batch_size": 4,
+              "method": {"kind": "lora", "lora_targets": ["q_proj", "v_proj"]},
+              "precision": "bf16-true",
+              "kernels": {"attention": "flash-attention-2", "cut_cross_entropy": True}}
+    arch = Arch.from_config(cfg)
+    p = analytic_plan(spec_from_dict(dict(fields, activation_checkpointing="full")), arch)
+    first, end = (next(ph for ph in p.phases if ph.name == n)
+                  for n in ("first-recompute", "backward-end"))
+    inputs = 4 * 4 * 4096 * 256 * 2  # layers x tokens x hidden x bf16
+    assert first.activations_bytes == end.activations_bytes + inputs
+    assert p.peak_phase == "first-recompute"
+    plain = analytic_plan(spec_from_dict(dict(fields, activation_checkpointing="none")), arch)
+    assert "first-recompute" not in [ph.name for ph in plain.phases]

@@ -125,14 +125,24 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
     routing = moe_plan.routed_transient(arch, spec, cb, tokens)  # one-hot mask, all-to-all
     recompute = dora if spec.activation_checkpointing != "none" else 0
     no_grad = no_grad_forward_bytes(spec, arch, cb, tokens, lp["reference"]) if lp else 0
+    # a layer's backward: QLoRA's dequantised weight, DoRA's recomputed temporaries, FP8's and
+    # the parallel working sets, FSDP's unsharded layers; at the first recompute (the last
+    # layer's, every layer's input still kept) a full run's largest layer weight gradient
+    layer_tmp = dequant + recompute + fp8_ws + parallel_ws + s.unsharded
+    layer_grad = cb * max(m.numel if m.peft_kind == "parameter" else m.numel // m.count_per_layer
+                          for m in linears) if spec.method.kind == "full" else 0
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
                    max(logits_fwd, dora, fp8_ws, routing) + s.unsharded, s.buckets),
         Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
                    max(logits_transient, layer_bwd) + s.unsharded, s.buckets),
+        # checkpointed: the last layer recomputed while every layer's input is still kept
+        *([Phase.make("first-recompute", *states, acc_grads, s.optim, saved + layer_ws,
+                      layer_grad + layer_tmp, s.buckets)]
+          if spec.activation_checkpointing != "none" else []),
         Phase.make("backward-end", *states, grads, s.optim, layer_ws,
-                   cb * largest + dequant + recompute + fp8_ws + parallel_ws + s.unsharded + (
-                       optim_temp if grads < s.grads else 0), s.buckets),
+                   cb * largest + layer_tmp + (optim_temp if grads < s.grads else 0),
+                   s.buckets),
         Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
         *([_validation_phase(spec, arch, s, cb, sb)] if spec.validation.enabled else []),
     ]
