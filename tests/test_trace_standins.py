@@ -187,3 +187,17 @@ def test_megatrons_cross_entropy_stand_in_computes_cross_entropy_keeping_one_fp3
                           model={"preset": "tiny", "implementation": impl}).peak_bytes
              for impl in ("transformers", "megatron")}
     assert peaks["megatron"] < peaks["transformers"] - 128 * 32768 * 4
+
+
+def test_an_fp32_grouped_gemm_of_mixed_precision_experts_traces_as_the_gpus_fallback_runs_it():
+    # transformers' grouped_mm experts under bf16-mixed get fp32 inputs (fp32 weights, no
+    # autocast rule for _grouped_mm): CUDA runs them through its fallback, the CPU kernel refused
+    # them ("Expected inputs of BF16 type") and the trace fell back to the analytic plan
+    moe = {"model_type": "qwen3_moe", "hidden_size": 128, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+           "intermediate_size": 256, "moe_intermediate_size": 64, "num_experts": 8,
+           "num_experts_per_tok": 2, "vocab_size": 512, "max_position_embeddings": 1024}
+    full = {"method": {"kind": "full"}, "moe": {"implementation": "grouped_mm"}}
+    saved = {p: next(ph.saved_bytes for ph in _trace(moe, precision=p, **full).phases
+                     if ph.name == "forward") for p in ("bf16-mixed", "bf16-true")}
+    assert saved["bf16-mixed"] > saved["bf16-true"]  # the experts' fp32 inputs kept

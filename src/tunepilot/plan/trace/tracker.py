@@ -57,6 +57,11 @@ _COLLECTIVE_BUFFERS: dict = {}
 with contextlib.suppress(AttributeError, RuntimeError):
     _COLLECTIVE_BUFFERS = {torch.ops.c10d._allgather_base_.default: (0, "all-gather"),
                            torch.ops.c10d._reduce_scatter_base_.default: (1, "reduce-scatter")}
+# grouped GEMM (transformers' grouped_mm experts): the CPU kernel takes bf16 only, CUDA's and
+# ROCm's run other dtypes through their fallback (aten/native/cuda/GroupedBlas.cpp
+# _grouped_mm_fallback: a loop of mm_out into an output of the inputs' dtype)
+_GROUPED_MM = getattr(torch.ops.aten, "_grouped_mm", None)
+_GROUPED_MM = getattr(_GROUPED_MM, "default", None)
 UNSHARDED = "unsharded"  # label of a storage FSDP resizes in place (an unsharded parameter)
 # FSDP's own CUDA streams, by label: FSDP2 allocates the all-gather buffer on its all-gather
 # stream and copies out on the default one; FSDP1 resizes the unsharded flat parameter itself on
@@ -64,6 +69,25 @@ UNSHARDED = "unsharded"  # label of a storage FSDP resizes in place (an unsharde
 STREAM_OF_LABEL = {"all-gather": 1, "reduce-scatter": 2}
 FSDP1_STREAM_OF_LABEL = {"all-gather": 1, UNSHARDED: 1, "reduce-scatter": 2}
 SIMULATED_OOM = "simulated device memory limit"  # starts the message of a simulated OOM
+
+
+def _fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type == "meta" or is_fake(t)
+
+
+def _gpu_grouped_mm(func, args, kwargs):
+    """A traced (fake) grouped GEMM in fp32/fp16 as the GPU's fallback runs it: an output of the
+    inputs' dtype (or out_dtype). The CPU kernel takes bf16 only, so the shape comes from it on
+    bf16 copies - made below this mode, never counted as allocations."""
+    a, b = args[0], args[1]
+    out_dtype = kwargs.get("out_dtype") or (args[4] if len(args) > 4 and args[4] else a.dtype)
+    rest = [x.to(torch.bfloat16) if isinstance(x, torch.Tensor) and x.is_floating_point()
+            else x for x in args[2:4]]
+    shape = func(a.to(torch.bfloat16), b.to(torch.bfloat16), *rest,
+                 **{k: v for k, v in kwargs.items() if k != "out_dtype"}).shape
+    return a.new_empty(shape, dtype=out_dtype)
 
 
 def round_block(nbytes: int, block: int = CUDA_BLOCK_BYTES) -> int:
@@ -376,7 +400,10 @@ class StorageTracker(TorchDispatchMode):
         if _DTENSOR is not None and any(issubclass(t, _DTENSOR) for t in types):
             return NotImplemented  # DTensor's dispatch first: the tracker sees its local ops
         before = self.live_bytes
-        out = func(*args, **(kwargs or {}))
+        if func is _GROUPED_MM and args[0].dtype != torch.bfloat16 and _fake(args[0]):
+            out = _gpu_grouped_mm(func, args, kwargs or {})
+        else:
+            out = func(*args, **(kwargs or {}))
         self.num_ops += 1
         self.ops_seen.add(func)
         self._see_all(out, func, args)
