@@ -31,6 +31,7 @@ CASES = {
                                      "paged_adamw_8bit"),
     "trl-sft.yaml": ("trl", None, "lora", None, None, None, None),
     "hf-training-args.json": ("hf", "llama-3.2-1b", "qlora", 4096, 4, 4, "adamw"),
+    "litgpt-lora-llama2-7b.yaml": ("litgpt", "llama-2-7b", "lora", 1304, 1, 16, "adamw"),
 }
 
 
@@ -39,7 +40,7 @@ def test_every_format_is_detected_imported_and_plans(name):
     fmt, preset, kind, seq, mbs, accum, opt = CASES[name]
     path = CONFIGS / name
     assert detect(read_config(path)) == fmt
-    synthetic = name == "axolotl-lora-8b.yml"  # its dataset is a hub id
+    synthetic = name in ("axolotl-lora-8b.yml", "litgpt-lora-llama2-7b.yaml")  # hub datasets
     result = import_config(path, options=ImportOptions(tokenizer=TOKENIZER,
                                                        synthetic_data=synthetic))
     spec = result.spec

@@ -10,7 +10,7 @@ from rich.markup import escape
 from tunepilot.views.common import console, notes, table
 
 _NAMES = {"axolotl": "an axolotl", "llamafactory": "a LLaMA-Factory", "trl": "a TRL `trl CMD`",
-          "hf": "a TrainingArguments"}
+          "hf": "a TrainingArguments", "litgpt": "a LitGPT `litgpt finetune_*`"}
 
 
 def render_import(result, out: Path | None) -> None:

@@ -5,6 +5,7 @@ such a file directly).
     llamafactory  LLaMA-Factory YAML                    (llamafactory.py)
     trl           `trl sft --config` YAML               (trl.py)
     hf            TrainingArguments (+ LoraConfig, BitsAndBytesConfig) fields, JSON or YAML
+    litgpt        `litgpt finetune_lora|finetune_full --config` YAML   (litgpt.py)
 Every key of the config is either mapped to a spec field (listed) or ignored (listed); a key that
 is close to a known key but not one is a typo and refused. Nothing is downloaded: a hub model id
 must be a shipped preset's, a dataset must be local.
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tunepilot.errors import SpecError, UserError
-from tunepilot.integrations.importers import axolotl, llamafactory, trl
+from tunepilot.integrations.importers import axolotl, litgpt, llamafactory, trl
 from tunepilot.integrations.importers.common import (
     ImportResult,
     Mapper,
@@ -29,7 +30,7 @@ from tunepilot.integrations.importers.common import (
 )
 from tunepilot.spec.precision import Precision
 
-FORMATS = ("axolotl", "llamafactory", "trl", "hf")
+FORMATS = ("axolotl", "llamafactory", "trl", "hf", "litgpt")
 _YAML_LIMIT_BYTES = 4 << 20
 
 
@@ -57,6 +58,8 @@ def detect(raw: dict) -> str | None:
     """Which trainer wrote ``raw``: None for a tunepilot spec (or nothing recognisable)."""
     if isinstance(raw.get("model"), dict):
         return None  # a tunepilot spec: model: {preset|config}
+    if litgpt.looks_like(raw):
+        return "litgpt"
     if axolotl.looks_like(raw):
         return "axolotl"
     if llamafactory.looks_like(raw):
@@ -148,14 +151,18 @@ def _converters() -> dict[str, tuple[Any, set[str], Any]]:
     return {"axolotl": (axolotl, axolotl.KNOWN, axolotl.convert),
             "llamafactory": (llamafactory, llamafactory.KNOWN, llamafactory.convert),
             "trl": (trl, trl.TRL_KNOWN, trl.convert_trl),
-            "hf": (trl, trl.HF_KNOWN, trl.convert_hf)}
+            "hf": (trl, trl.HF_KNOWN, trl.convert_hf),
+            "litgpt": (litgpt, litgpt.KNOWN, litgpt.convert)}
 
 
 def _finish(m: Mapper, options: ImportOptions) -> None:
     """What every format shares once its keys are read: devices for a sharded run, and a
     max_steps target in tokens."""
     par = m.spec.get("parallel")
-    if par and par.get("strategy") in ("ddp", "fsdp", "deepspeed"):
+    if m.source == "litgpt":  # its config says the devices (and the strategy they imply)
+        if options.devices and par:
+            par["devices"] = options.devices
+    elif par and par.get("strategy") in ("ddp", "fsdp", "deepspeed"):
         par["devices"] = options.devices or 8
         if options.devices is None:
             m.note("parallel.devices 8 assumed (one 8-GPU node; the launcher decides): pass "
@@ -263,6 +270,8 @@ def _evaluation(m: Mapper) -> bool:
     spec (no validation pass planned, piloted or billed). axolotl evaluates when val_set_size
     > 0 (its default is 0) or test_datasets are given; LLaMA-Factory, TRL and TrainingArguments
     when eval_strategy is steps or epoch (TrainingArguments' default is no)."""
+    if m.source == "litgpt":  # LitGPT validates every eval.interval steps (litgpt/args.py)
+        return True
     strategy = m.get("eval_strategy")
     if strategy is None:
         strategy = m.get("evaluation_strategy")  # TrainingArguments' name before 4.46
