@@ -87,7 +87,8 @@ _FILES = {"axolotl": ["axolotl-dora-cce.yml", "axolotl-dpo-8b.yml", "axolotl-grp
                            "llamafactory-llama3-lora-sft.yaml", "llamafactory-qwen-qlora.yaml",
                            "llamafactory-unsloth.yaml"],
           "trl": ["trl-dpo.yaml", "trl-grpo.yaml", "trl-liger-dora.yaml", "trl-sft.yaml"],
-          "hf": ["hf-liger-args.json", "hf-training-args.json"]}
+          "hf": ["hf-liger-args.json", "hf-training-args.json"],
+          "litgpt": ["litgpt-lora-llama2-7b.yaml"]}
 _BASES: dict[str, list[dict]] = {}
 
 
@@ -98,11 +99,12 @@ def _bases(fmt: str) -> list[dict]:
 
 
 def _known(fmt: str) -> list[str]:
-    from tunepilot.integrations.importers import axolotl, llamafactory, trl
+    from tunepilot.integrations.importers import axolotl, litgpt, llamafactory, trl
     from tunepilot.integrations.importers.objectives import TRL_OBJECTIVE_KNOWN
 
     known = {"axolotl": axolotl.KNOWN, "llamafactory": llamafactory.KNOWN,
-             "trl": trl.TRL_KNOWN | TRL_OBJECTIVE_KNOWN, "hf": trl.HF_KNOWN}[fmt]
+             "trl": trl.TRL_KNOWN | TRL_OBJECTIVE_KNOWN, "hf": trl.HF_KNOWN,
+             "litgpt": litgpt.KNOWN}[fmt]
     return sorted(known)
 
 
@@ -119,7 +121,8 @@ def _mutate(r: random.Random, cfg: dict, keys: list[str]) -> None:
             if isinstance(node, list):
                 node = node[0] if isinstance(node[0], dict) else node
             if isinstance(node, dict):
-                node[r.choice(list(node) + ["stage", "num_generations", "path", "type"])] = \
+                node[r.choice(list(node) + ["stage", "num_generations", "path", "type",
+                                            "max_seq_length", "micro_batch_size"])] = \
                     any_value(r)
             else:
                 node[0] = any_value(r)

@@ -1,5 +1,5 @@
 """A seeded fuzzer of everything tunepilot reads from a user (issue 40 item 12): the trainer
-configs `import` reads (axolotl, LLaMA-Factory, TRL, HF TrainingArguments, and the DeepSpeed
+configs `import` reads (axolotl, LLaMA-Factory, TRL, HF TrainingArguments, LitGPT, the DeepSpeed
 configs they name), run specs (`plan`, `quote`), datasets (`data`), checkpoints and their
 manifests and scheduler files (`verify`, `export`), SkyPilot price tables (`catalog import`),
 ledger operations (`book`, `usage`, `invoice`, `cancel`, `bookings`) and the counts of the CLI's
@@ -46,7 +46,8 @@ from fuzz_files import (  # noqa: E402
     make_base_run,
 )
 
-KINDS = ("import-axolotl", "import-llamafactory", "import-trl", "import-hf", "import-ds_config",
+KINDS = ("import-axolotl", "import-llamafactory", "import-trl", "import-hf", "import-litgpt",
+         "import-ds_config",
          "spec", "dataset", "checkpoint", "catalog-csv", "ledger", "cli-counts")
 SHORT_CASES = 30
 CASE_TIMEOUT_S = 120  # a verify of a tiny checkpoint, with its fresh load, takes seconds

@@ -24,7 +24,7 @@ def test_the_fuzzer_finds_nothing_in_its_short_mode():
     report = json.loads(proc.stdout)
     assert report["seed"] == SEED and report["cases_per_kind"] >= 20
     kinds = {k: v for k, v in report.items() if isinstance(v, dict) and "cases" in v}
-    assert len(kinds) == 11, sorted(kinds)
+    assert len(kinds) == 12, sorted(kinds)
     for kind, res in kinds.items():
         found = res["tracebacks"] + res["hangs"] + res["invariant_violations"]
         assert found == 0, (f"replay: benchmarks/fuzz_inputs.py --seed {SEED} --short --only "

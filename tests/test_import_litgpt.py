@@ -90,3 +90,19 @@ def test_a_full_fine_tune_config_has_no_adapters(tmp_path):
 def test_what_litgpt_or_the_plan_cannot_take_is_refused_naming_the_key(tmp_path, changes, key):
     with pytest.raises(UserError, match=key.replace(".", r"\.")):
         _import(_config(tmp_path, **changes))
+
+
+def test_the_cli_takes_from_litgpt_and_writes_a_spec_that_plans(tmp_path):
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("tunepilot")
+    out = tmp_path / "spec.yaml"
+    done = subprocess.run([str(exe), "import", str(LORA), "--from", "litgpt", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    plan = subprocess.run([str(exe), "plan", str(out), "--card", "a100-sxm-80gb", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    notes = json.loads(plan.stdout)["assumptions"]
+    assert any(n.startswith("model.implementation litgpt") for n in notes)

@@ -17,13 +17,15 @@ class Trainer(str, Enum):
     llamafactory = "llamafactory"
     trl = "trl"
     hf = "hf"
+    litgpt = "litgpt"
 
 
 @app.command("import")
 def import_(
     config: Annotated[Path, typer.Argument(help="The trainer's config: axolotl or LLaMA-Factory "
-                                           "YAML, `trl sft|dpo|grpo|... --config` YAML, or "
-                                           "TrainingArguments fields (JSON/YAML).")],
+                                           "YAML, `trl sft|dpo|grpo|... --config` YAML, "
+                                           "TrainingArguments fields (JSON/YAML), or `litgpt "
+                                           "finetune_lora|finetune_full --config` YAML.")],
     source: Annotated[Trainer | None, typer.Option(
         "--from", help="Which trainer wrote it (detected when omitted).")] = None,
     out: Annotated[Path | None, typer.Option(
