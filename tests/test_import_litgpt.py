@@ -61,14 +61,20 @@ def test_a_fused_qkv_model_gets_its_parts_and_the_mlp_flag_every_mlp_matrix(tmp_
     assert spec.method.lora_qkv_parts == ["q", "v"]
 
 
-def test_devices_become_litgpts_fsdp_run_and_nf4_dq_qlora(tmp_path):
-    spec = _import(_config(tmp_path, devices=4, quantize="bnb.nf4-dq",
+def test_devices_become_litgpts_fsdp_runs_and_nf4_dq_its_qlora(tmp_path):
+    lora = _import(_config(tmp_path, devices=4,
                            train={"global_batch_size": 16, "micro_batch_size": 2}))
-    assert (spec.parallel.strategy, spec.parallel.devices, spec.parallel.fsdp_version) == \
-        ("fsdp", 4, 1)
-    assert spec.activation_checkpointing == "full"
-    assert spec.method.kind == "qlora" and spec.method.double_quant
-    assert spec.gradient_accumulation_steps == 2  # 16 / (2 x 4)
+    assert (lora.parallel.strategy, lora.parallel.devices, lora.parallel.fsdp_version) == \
+        ("fsdp", 4, 2)  # finetune_lora: fully_shard per Block
+    assert lora.activation_checkpointing == "full"
+    assert lora.gradient_accumulation_steps == 2  # 16 / (2 x 4)
+    full = _import(_config(tmp_path, devices=2, **{k: None for k in (
+        "lora_r", "lora_alpha", "lora_dropout", "lora_query", "lora_key", "lora_value",
+        "lora_projection", "lora_mlp", "lora_head")}))
+    assert full.parallel.fsdp_version == 1  # finetune_full: Lightning's FSDPStrategy
+    q = _import(_config(tmp_path, quantize="bnb.nf4-dq"))
+    assert q.method.kind == "qlora" and q.method.double_quant and q.method.quantize_lm_head
+    assert not q.method.quantize_on_load and q.optimizer.name == "paged_adamw"
 
 
 def test_a_full_fine_tune_config_has_no_adapters(tmp_path):
@@ -86,6 +92,9 @@ def test_a_full_fine_tune_config_has_no_adapters(tmp_path):
     ({"precision": "transformer-engine"}, "precision"),
     ({"train": {"global_batch_size": 3, "micro_batch_size": 2}}, "train.global_batch_size"),
     ({"optimizer": "Lion"}, "optimizer"),
+    ({"quantize": "bnb.nf4", "devices": 2}, "quantize"),
+    ({"quantize": "bnb.nf4", "precision": "bf16-mixed"}, "quantize"),
+    ({"quantize": "bnb.nf4", "optimizer": "SGD"}, "optimizer"),
 ])
 def test_what_litgpt_or_the_plan_cannot_take_is_refused_naming_the_key(tmp_path, changes, key):
     with pytest.raises(UserError, match=key.replace(".", r"\.")):

@@ -4,10 +4,15 @@ tunepilot spec with model.implementation litgpt (its chunked loss; its fused-qkv
 LitGPT adapts the matrices its flags name: lora_query, lora_key, lora_value (parts of its one
 fused qkv matrix per layer - on a model with split q/k/v projections, those projections; on a
 fused one, method.lora_qkv_parts), lora_projection (the attention output), lora_mlp (every MLP
-matrix), lora_head (lm_head). Its defaults (finetune/lora.py): r 8, alpha 16, dropout 0.05 on
-query and value. ``quantize: bnb.nf4[-dq]`` is QLoRA; the model is built in the precision's
-dtype (bf16-true: weights and adapters bf16; -mixed: fp32 under autocast). On more than one
-device LitGPT runs Lightning's FSDPStrategy (FSDP1) wrapping and checkpointing each Block.
+matrix), lora_head (lm_head). Its defaults (litgpt 0.5 finetune/lora.py setup): r 8, alpha 16,
+dropout 0.05 on query and value; precision bf16-true where the card has bf16. The model is
+built in the precision's dtype (bf16-true: weights and adapters bf16; -mixed: fp32 under
+autocast). ``quantize: bnb.nf4[-dq]`` is QLoRA as Fabric's BitsandbytesPrecision runs it: every
+Linear quantized (lm_head too) after the 16-bit weights load, AdamW replaced by bitsandbytes'
+PagedAdamW (utils.instantiate_bnb_optimizer); LitGPT refuses it with mixed precision or more
+than one device. On more than one device finetune_lora runs FSDP2 (ModelParallelStrategy's
+parallelize_fn: fully_shard per Block and trainable Linear, each Block checkpointed) and
+finetune_full Lightning's FSDPStrategy (FSDP1, each Block wrapped and checkpointed).
 """
 
 from __future__ import annotations
@@ -74,13 +79,19 @@ def convert(m: Mapper) -> None:
                    f"devices ({per_step}).", "LitGPT accumulates global / (micro x devices) "
                    "micro-batches: make it a multiple.")
         _set(m, "gradient_accumulation_steps", glob // per_step, "train.global_batch_size")
+    _method(m, precision)
+    lora = m.spec["method"]["kind"] != "full"
     if devices > 1:
-        m.set("parallel", {"strategy": "fsdp", "devices": devices, "fsdp_version": 1},
+        if m.spec["method"]["kind"] == "qlora":
+            m.fail("quantize", f"with {devices} devices: LitGPT runs quantization on one device "
+                   "only (NotImplementedError in finetune/lora.py).",
+                   "Set devices: 1 and num_nodes: 1, or remove quantize.")
+        version = 2 if lora else 1
+        m.set("parallel", {"strategy": "fsdp", "devices": devices, "fsdp_version": version},
               "devices", "num_nodes")
         m.set("activation_checkpointing", "full", "devices")
-        m.note(f"devices {devices}: LitGPT's FSDPStrategy (FSDP1), each Block wrapped and "
-               "checkpointed")
-    _method(m, precision)
+        m.note(f"devices {devices}: LitGPT's " + ("FSDP2 (fully_shard per Block" if lora else
+               "FSDPStrategy (FSDP1, each Block wrapped") + "), each Block checkpointed")
     _optimizer(m)
     seed = number(m, "seed")
     if seed is not None:
@@ -149,11 +160,15 @@ def _method(m: Mapper, precision: str) -> None:
         if str(quant) not in ("bnb.nf4", "bnb.nf4-dq"):
             m.fail("quantize", f"{quant!r} is not a quantization tunepilot plans.",
                    "Use bnb.nf4 or bnb.nf4-dq (QLoRA), or remove quantize.")
-        method.update(kind="qlora", double_quant=str(quant).endswith("-dq"))
+        if "mixed" in precision:
+            m.fail("quantize", f"with precision {precision}: LitGPT refuses quantization with "
+                   "mixed precision.", "Use precision bf16-true.")
+        method.update(kind="qlora", double_quant=str(quant).endswith("-dq"),
+                      quantize_lm_head=True, quantize_on_load=False)
         m.maps("method.kind", "quantize")
-    if precision.endswith("-true") and not quant:
+    if precision.endswith("-true"):
         method["adapter_dtype"] = "bf16" if precision.startswith("bf16") else None
-    elif precision.endswith("mixed") and not quant:
+    elif precision.endswith("mixed"):
         method["base_dtype"] = "fp32"  # LitGPT builds the model in fp32 under autocast
     m.set("method", {k: v for k, v in method.items() if v is not None})
 
@@ -193,15 +208,19 @@ def _targets(m: Mapper) -> None:
 
 
 def _optimizer(m: Mapper) -> None:
-    value = m.get("optimizer")
-    if value is None:
-        return
+    value = m.get("optimizer", "AdamW")  # LitGPT's default
     name, args = (value.get("class_path"), value.get("init_args") or {}) \
         if isinstance(value, dict) else (value, {})
     got = _OPTIMIZERS.get(str(name).lower())
     if got is None:
         m.fail("optimizer", f"{name!r} is not an optimizer tunepilot models.",
                f"Use one of {', '.join(sorted(_OPTIMIZERS))}.")
+    if m.spec["method"]["kind"] == "qlora":  # utils.instantiate_bnb_optimizer
+        if got != "adamw":
+            m.fail("optimizer", f"{name!r} with quantize: LitGPT's quantized runs take AdamW "
+                   "only (as bitsandbytes' PagedAdamW).", "Use AdamW, or remove quantize.")
+        got = "paged_adamw"
+        m.note("quantize: LitGPT replaces AdamW with bitsandbytes' PagedAdamW")
     m.set("optimizer.name", got, "optimizer")
     m.mapped["optimizer"] = "optimizer"
     for key in ("lr", "weight_decay"):
