@@ -156,3 +156,21 @@ def test_both_strategies_run_when_the_first_crashes(tmp_path, monkeypatch):
     assert "ddp failed" in result.recommendation.reason
     saved = json.loads((tmp_path / "run" / "scale.json").read_text())
     assert saved["strategies"]["ddp"]["status"] == "failed"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("changes", [
+    {"chunked_loss": True},  # the chunked loss calls the decoder body and lm_head itself
+    {"model": {"preset": "tiny", "implementation": "litgpt"}},  # LitGPT's loss does too
+])
+def test_a_loss_that_calls_the_head_itself_scales_under_ddp_and_fsdp(changes, tmp_path):
+    """DDP forwards no attribute (output_head failed on it) and prepares its all-reduce only in
+    its own forward; FSDP2 gathered the embedding only in the root's forward ("aten.embedding
+    got mixed torch.Tensor and DTensor"): both strategies now run, agree with one rank and end
+    with the same weights on every rank."""
+    spec = load_spec(_variant("tiny", tmp_path, **changes))
+    result = _scale(spec, tmp_path / "run")
+    for name in ("ddp", "fsdp"):
+        r = result.strategies[name]
+        assert r.status == "ok", r.error
+        assert r.loss_agrees and r.all_ranks_reported

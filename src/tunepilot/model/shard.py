@@ -72,8 +72,8 @@ def shard_model(model, spec, *, mesh=None, device=None, offload: bool = False,
         fully_shard(layer, **kw)
     if materialize is not None:
         materialize(model)
-    if spec.loss_is_chunked and spec.model.task == "causal-lm":
-        # the chunked loss calls the decoder body and lm_head apart (training/step.py), never
+    if spec.loss_calls_head_apart:
+        # a chunked loss (LitGPT's too) calls the decoder body and lm_head apart (step.py), never
         # the root's forward: each is its own unit so its own hooks gather it (torchtune shards
         # tok_embeddings and output as their own units too: custom_sharded_layers)
         from tunepilot.model.build import output_head

@@ -392,6 +392,12 @@ class RunSpec(_Strict):
         return self.chunked_loss and not self.litgpt_loss
 
     @property
+    def loss_calls_head_apart(self) -> bool:
+        """The loss calls the decoder body and lm_head itself, never the model's forward (a
+        chunked loss, LitGPT's): under FSDP each must be its own unit (model/shard.py)."""
+        return (self.loss_is_chunked or self.litgpt_loss) and self.model.task == "causal-lm"
+
+    @property
     def litgpt_loss(self) -> bool:
         """LitGPT's chunked_cross_entropy: every 128-position chunk kept (training.litgpt_loss)."""
         return self.model.implementation == "litgpt" and self.model.task == "causal-lm"

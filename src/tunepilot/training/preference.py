@@ -66,7 +66,10 @@ def token_logps(model: torch.nn.Module, batch: dict, spec: RunSpec,
     mask = labels != IGNORE_INDEX
     index = labels.clamp(min=0)
     if spec.loss_is_chunked:
-        return _chunked_logps(model, batch, index, keep) * mask, mask
+        from tunepilot.training.step import through_ddp
+
+        logps = through_ddp(model, lambda m: _chunked_logps(m, batch, index, keep))
+        return logps * mask, mask
     kwargs = {"logits_to_keep": keep + 1} if keep is not None else {}
     out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                 **kwargs)

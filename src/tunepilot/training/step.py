@@ -48,12 +48,34 @@ def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
         return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                      labels=batch["labels"], **extra).loss
     if spec.litgpt_loss:
-        return litgpt_loss(model, batch, num_items, extra)
+        return through_ddp(model, lambda m: litgpt_loss(m, batch, num_items, extra))
     if not spec.loss_is_chunked:
         kwargs = {} if num_items is None else {"num_items_in_batch": num_items}
         out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                     labels=batch["labels"], **extra, **kwargs)
         return out.loss
+    return through_ddp(model, lambda m: chunked_loss(m, batch, num_items, extra))
+
+
+def through_ddp(model: torch.nn.Module, fn):
+    """fn(model) for a loss that calls the decoder body and lm_head itself; under
+    DistributedDataParallel, run as the wrapper's forward (fn given the wrapped module), so DDP
+    prepares its gradient all-reduce for the backward as for any forward - called apart, the
+    submodules would skip it (and DDP forwards no attribute to find them)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return fn(model)
+    inner = model.module
+    inner.forward = lambda: fn(inner)  # an instance attribute: DDP's forward calls it
+    try:
+        return model()
+    finally:
+        del inner.forward
+
+
+def chunked_loss(model: torch.nn.Module, batch: Batch, num_items, extra: dict) -> torch.Tensor:
+    """lm_head + cross-entropy per CHUNKED_LOSS_TOKENS tokens, each chunk checkpointed."""
     body, head = output_head(model)
     hidden = body(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
                   **extra).last_hidden_state  # (batch, seq, hidden)
