@@ -67,11 +67,15 @@ def through_ddp(model: torch.nn.Module, fn):
     if not isinstance(model, DistributedDataParallel):
         return fn(model)
     inner = model.module
+    own = inner.__dict__.get("forward")  # a forward some wrapper set on the instance, kept
     inner.forward = lambda: fn(inner)  # an instance attribute: DDP's forward calls it
     try:
         return model()
     finally:
-        del inner.forward
+        if own is None:
+            del inner.forward
+        else:
+            inner.forward = own
 
 
 def chunked_loss(model: torch.nn.Module, batch: Batch, num_items, extra: dict) -> torch.Tensor:
