@@ -26,6 +26,7 @@ from tunepilot.integrations.importers.common import (
     truthy,
     value_number,
 )
+from tunepilot.spec.precision import Precision
 
 SOURCE = "litgpt"
 LORA_FLAGS = ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
@@ -56,11 +57,12 @@ def convert(m: Mapper) -> None:
         "/".join(str(ckpt).rstrip("/").split("/")[-2:]) if ckpt else ckpt
     m.set("model", dict(model_source(m, "checkpoint_dir", hub), implementation="litgpt"),
           "checkpoint_dir")
-    precision = str(m.get("precision", "bf16-true"))
-    if precision not in _PRECISION:
-        m.fail("precision", f"{precision!r} is not a precision tunepilot plans.",
+    written = str(m.get("precision", "bf16-true"))  # LitGPT's (Lightning's) name
+    if written not in _PRECISION:
+        m.fail("precision", f"{written!r} is not a precision tunepilot plans.",
                f"Use one of {', '.join(_PRECISION)}.")
-    m.set("precision", _PRECISION[precision], "precision")
+    m.set("precision", _PRECISION[written], "precision")
+    precision = Precision(_PRECISION[written])
     train = _section(m, "train")
     seq = value_number(m, "train.max_seq_length", train.get("max_seq_length"), least=1)
     if seq is None:
@@ -142,7 +144,7 @@ def _devices(m: Mapper) -> int:
     return n * (number(m, "num_nodes", least=1) or 1)
 
 
-def _method(m: Mapper, precision: str) -> None:
+def _method(m: Mapper, precision: Precision) -> None:
     lora = any(m.has(k) for k in ("lora_r", "lora_alpha", "lora_dropout", *LORA_FLAGS))
     quant = m.get("quantize")
     if not lora:
@@ -160,16 +162,16 @@ def _method(m: Mapper, precision: str) -> None:
         if str(quant) not in ("bnb.nf4", "bnb.nf4-dq"):
             m.fail("quantize", f"{quant!r} is not a quantization tunepilot plans.",
                    "Use bnb.nf4 or bnb.nf4-dq (QLoRA), or remove quantize.")
-        if "mixed" in precision:
-            m.fail("quantize", f"with precision {precision}: LitGPT refuses quantization with "
-                   "mixed precision.", "Use precision bf16-true.")
+        if precision.mixed:
+            m.fail("quantize", f"with precision {m.raw.get('precision')}: LitGPT refuses "
+                   "quantization with mixed precision.", "Use precision bf16-true.")
         method.update(kind="qlora", double_quant=str(quant).endswith("-dq"),
                       quantize_lm_head=True, quantize_on_load=False)
         m.maps("method.kind", "quantize")
-    if precision.endswith("-true"):
-        method["adapter_dtype"] = "bf16" if precision.startswith("bf16") else None
-    elif precision.endswith("mixed"):
+    if precision.mixed:
         method["base_dtype"] = "fp32"  # LitGPT builds the model in fp32 under autocast
+    elif precision.computes_in_bf16:  # the model, adapters too, built in bf16
+        method["adapter_dtype"] = "bf16"
     m.set("method", {k: v for k, v in method.items() if v is not None})
 
 
