@@ -49,11 +49,10 @@ def fused_part_index(name: str, parts: list[str], heads: int, kv_heads: int,
     return [start[p] + i for p in ("q", "k", "v") if p in parts for i in range(w[p])]
 
 
-def keep_lora_output(model, parts: list[str] | None = None) -> int:
+def keep_lora_output(model, parts: list[str] | None = None) -> None:
     """LitGPT's zero_pad on transformers' model: route the adapted q/k/v projections' lora_B
     output through index_copy (only some of split q, k, v adapted), or - with `parts` - keep
-    only those parts of a fused qkv matrix's adapter output, the rest zero. Returns how many
-    modules were hooked."""
+    only those parts of a fused qkv matrix's adapter output, the rest zero."""
     import torch
 
     present: set[str] = set()
@@ -66,46 +65,33 @@ def keep_lora_output(model, parts: list[str] | None = None) -> int:
         lora_b = getattr(module, "lora_B", None)
         if isinstance(lora_b, torch.nn.ModuleDict) and len(lora_b):
             adapted.setdefault(leaf, []).extend(lora_b.values())
-    hooked = 0
-    for leaf in partial_qkv(set(adapted), present):
-        for linear in adapted[leaf]:
-            linear.register_forward_hook(_zero_pad)
-            hooked += 1
+    hooks = {leaf: _zero_pad(None) for leaf in partial_qkv(set(adapted), present)}
     fused = [n for n in QKV_FUSED if n in adapted]
     if parts is not None and len(set(parts)) < 3 and fused:
-        heads, kv_heads, head_dim = _heads(model.config)
-        for leaf in fused:
-            index = fused_part_index(leaf, parts, heads, kv_heads, head_dim)
-            for linear in adapted[leaf]:
-                linear.register_forward_hook(_zero_pad_parts(index))
-                hooked += 1
-    return hooked
+        from tunepilot.model.arch import Arch
+
+        arch = Arch.from_config(model.config.to_dict())
+        hooks.update({leaf: _zero_pad(fused_part_index(leaf, parts, arch.num_heads,
+                                                       arch.num_kv_heads, arch.head_dim))
+                      for leaf in fused})
+    for leaf, hook in hooks.items():
+        for linear in adapted[leaf]:
+            linear.register_forward_hook(hook)
 
 
-def _heads(config) -> tuple[int, int, int]:
-    cfg = getattr(config, "text_config", None) or config
-    heads = getattr(cfg, "num_attention_heads", None) or cfg.n_head
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return int(heads), int(kv), int(hd)
-
-
-def _zero_pad(module, args, out):
-    """index_copy of the adapter output into zeros of its width: equal values, source kept."""
-    import torch
-
-    index = torch.arange(out.shape[-1], device=out.device)
-    return out.new_zeros(out.shape).index_copy(out.dim() - 1, index, out)
-
-
-def _zero_pad_parts(index: list[int]):
-    """The enabled parts of a fused qkv adapter output scattered into zeros (LitGPT's
-    zero_pad): the other parts' update is zero, the enabled parts' output kept. The index is
-    made per call on the output's device, as LitGPT's (torch.tensor(self.lora_ind))."""
+def _zero_pad(index: list[int] | None):
+    """A forward hook scattering the adapter output into zeros of its width with index_copy, as
+    LitGPT's zero_pad does: all of it (index None: equal values, the output kept), or the parts
+    at `index` (the other parts' update zero; the index made per call on the output's device,
+    as LitGPT's torch.tensor(self.lora_ind))."""
     def hook(module, args, out):
         import torch
 
-        idx = torch.tensor(index, device=out.device)
         dim = out.dim() - 1
-        return out.new_zeros(out.shape).index_copy(dim, idx, out.index_select(dim, idx))
+        if index is None:
+            idx, source = torch.arange(out.shape[-1], device=out.device), out
+        else:
+            idx = torch.tensor(index, device=out.device)
+            source = out.index_select(dim, idx)
+        return out.new_zeros(out.shape).index_copy(dim, idx, source)
     return hook

@@ -39,7 +39,6 @@ _OPTIMIZERS = {"adamw": "adamw", "torch.optim.adamw": "adamw", "sgd": "sgd",
                "torch.optim.sgd": "sgd", "bitsandbytes.optim.pagedadamw": "paged_adamw",
                "bitsandbytes.optim.adamw8bit": "adamw_8bit",
                "bitsandbytes.optim.pagedadamw8bit": "paged_adamw_8bit"}
-_FUSED_QKV = ("query_key_value", "qkv_proj", "Wqkv", "c_attn")
 _ATTN_OUT = ("o_proj", "dense", "out_proj", "c_proj")
 
 
@@ -180,6 +179,7 @@ def _targets(m: Mapper) -> None:
     if m.spec["method"]["kind"] == "full":
         return
     from tunepilot.model.arch import linear_modules, resolve_arch
+    from tunepilot.model.litgpt import QKV_FUSED
     from tunepilot.spec import spec_from_dict
 
     flags = {k: truthy(m.get(k, k in ("lora_query", "lora_value"))) for k in LORA_FLAGS}
@@ -189,7 +189,7 @@ def _targets(m: Mapper) -> None:
     parts = [p for p, k in (("q", "lora_query"), ("k", "lora_key"), ("v", "lora_value"))
              if flags[k]]
     targets: list[str] = []
-    fused = next((n for n in _FUSED_QKV if n in names), None)
+    fused = next((n for n in QKV_FUSED if n in names), None)
     if fused and parts:
         targets.append(fused)
         if len(parts) < 3:

@@ -156,7 +156,7 @@ def litgpt_kept_features(arch: Arch, spec: RunSpec) -> int:
     enabled parts' output (model/litgpt.py)."""
     if spec.model.implementation != "litgpt" or not spec.method.is_lora:
         return 0
-    from tunepilot.model.litgpt import QKV_FUSED, part_widths, partial_qkv
+    from tunepilot.model.litgpt import QKV_FUSED, QKV_SPLIT, part_widths, partial_qkv
 
     linears = {lin.name: lin for lin in linear_modules(arch) if lin.group == "attention"}
     adapted = {lin.name for lin in lora_targets(arch, spec.method.lora_targets)}
@@ -166,7 +166,7 @@ def litgpt_kept_features(arch: Arch, spec: RunSpec) -> int:
     if parts is not None and not any(n in adapted for n in QKV_FUSED):
         from tunepilot.errors import SpecError
 
-        split = [n for n in ("q_proj", "k_proj", "v_proj") if n in linears]
+        split = [n for n in QKV_SPLIT if n in linears]
         raise SpecError(
             field="method.lora_qkv_parts",
             message=f"{parts} names parts of a fused query/key/value matrix, but LoRA adapts "
