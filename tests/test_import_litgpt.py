@@ -48,6 +48,18 @@ def test_litgpts_default_lora_config_is_the_run_the_accuracy_benchmark_plans():
         (1304, 1, 16)
     assert spec.checkpoint.every_steps == 200 and spec.validation.every_steps == 100
     assert spec.parallel.strategy == "single" and spec.activation_checkpointing == "none"
+    assert spec.validation.num_batches == 100  # eval.max_iters
+
+
+def test_every_key_inside_train_and_eval_is_read_or_said(tmp_path):
+    result = import_config(_config(tmp_path, train={"max_tokens": 10**9, "max_norm": 1.0,
+                                                    "warmup_typo": 3}),
+                           options=ImportOptions(synthetic_data=True))
+    assert result.spec.target.tokens == 10**9
+    notes = " ".join(result.notes)
+    assert "train.max_norm" in notes and "no effect on memory or time" in notes
+    assert "train.warmup_typo" in notes and "ignored" in notes
+    assert "eval.max_new_tokens" in notes
 
 
 def test_a_fused_qkv_model_gets_its_parts_and_the_mlp_flag_every_mlp_matrix(tmp_path):
@@ -92,6 +104,7 @@ def test_a_full_fine_tune_config_has_no_adapters(tmp_path):
     ({"precision": "transformer-engine"}, "precision"),
     ({"train": {"global_batch_size": 3, "micro_batch_size": 2}}, "train.global_batch_size"),
     ({"optimizer": "Lion"}, "optimizer"),
+    ({"train": {"tie_embeddings": True}}, "train.tie_embeddings"),
     ({"quantize": "bnb.nf4", "devices": 2}, "quantize"),
     ({"quantize": "bnb.nf4", "precision": "bf16-mixed"}, "quantize"),
     ({"quantize": "bnb.nf4", "optimizer": "SGD"}, "optimizer"),

@@ -106,16 +106,51 @@ def convert(m: Mapper) -> None:
         n = value_number(m, where, value, least=1)
         if n is not None:
             _set(m, dotted, n, where)
+    iters = value_number(m, "eval.max_iters", evals.get("max_iters"), least=1)
+    if iters is not None:
+        _set(m, "validation.num_batches", iters, "eval.max_iters")
     steps = value_number(m, "train.max_steps", train.get("max_steps"), least=1)
+    tokens = value_number(m, "train.max_tokens", train.get("max_tokens"), least=1)
     if steps:
         m.spec["_max_steps"] = steps
+    elif tokens:
+        _set(m, "target.tokens", tokens, "train.max_tokens")
     elif train.get("epochs") is not None:
         m.note(f"train.epochs {train['epochs']}: not mapped - synthetic data has no epochs "
                "(set target.steps, or plan with your data)")
+    if truthy(train.get("tie_embeddings")):
+        m.fail("train.tie_embeddings", "is true: tying the input and output embeddings changes "
+               "the model tunepilot sizes from its config.",
+               "Remove it (the checkpoint's config says whether they are tied).")
+    _unread(m, "train", train, _TRAIN_READ, _TRAIN_NO_EFFECT)
+    _unread(m, "eval", evals, _EVAL_READ, _EVAL_NO_EFFECT)
     if m.has("data"):
         m.get("data")
         m.note("data: LitGPT's data module downloads or prepares its dataset, which is not "
                "read here: planned with synthetic tokens at train.max_seq_length")
+
+
+# litgpt/args.py TrainArgs / EvalArgs: the keys read above, and those that change neither memory
+# nor time (logging, the learning-rate schedule, clipping, the sample generated after validation)
+_TRAIN_READ = {"save_interval", "global_batch_size", "micro_batch_size", "max_seq_length",
+               "max_steps", "max_tokens", "epochs", "tie_embeddings"}
+_TRAIN_NO_EFFECT = {"log_interval", "lr_warmup_steps", "lr_warmup_fraction", "max_time",
+                    "max_norm", "min_lr"}
+_EVAL_READ = {"interval", "max_iters"}
+_EVAL_NO_EFFECT = {"max_new_tokens", "initial_validation", "final_validation",
+                   "evaluate_example"}
+
+
+def _unread(m: Mapper, name: str, section: dict, read: set[str], no_effect: set[str]) -> None:
+    """A section's keys beyond those read: said to have no effect, or not modelled - never
+    dropped in silence."""
+    quiet = sorted(k for k in section if k in no_effect and section[k] is not None)
+    other = sorted(k for k in section if k not in read and k not in no_effect)
+    if quiet:
+        m.note(f"{', '.join(f'{name}.{k}' for k in quiet)}: no effect on memory or time")
+    if other:
+        m.note(f"{', '.join(f'{name}.{k}' for k in other)}: not LitGPT keys tunepilot knows - "
+               "ignored (not modelled)")
 
 
 def _set(m: Mapper, dotted: str, value, where: str) -> None:
