@@ -24,7 +24,7 @@ CatalogOpt = Annotated[Path | None, typer.Option(
     "e.g. one written by `tunepilot catalog import`.")]
 SpecArg = Annotated[Path, typer.Argument(
     help="The run spec (YAML), e.g. examples/llama3-8b-lora.yaml - or a trainer's config "
-    "(axolotl, LLaMA-Factory, TRL, TrainingArguments), imported on the fly.")]
+    "(axolotl, LLaMA-Factory, TRL, TrainingArguments, LitGPT), imported on the fly.")]
 OutOpt = Annotated[Path | None, typer.Option(
     "--out", help="Run directory (default runs/<spec name>-<spec hash[:8]>).")]
 FromOpt = Annotated[Path | None, typer.Option(
