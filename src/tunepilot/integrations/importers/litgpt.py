@@ -98,6 +98,16 @@ def convert(m: Mapper) -> None:
     if seed is not None:
         m.set("seed", seed, "seed")
     _targets(m)
+    _schedule(m, train)
+    if m.has("data"):
+        m.get("data")
+        m.note("data: LitGPT's data module downloads or prepares its dataset, which is not "
+               "read here: planned with synthetic tokens at train.max_seq_length")
+
+
+def _schedule(m: Mapper, train: dict) -> None:
+    """train/eval's schedule: checkpoint and validation intervals, validation batches, the
+    run's length; every other key in them said to have no effect or to be ignored."""
     evals = _section(m, "eval")
     for where, value, dotted in (("train.save_interval", train.get("save_interval"),
                                   "checkpoint.every_steps"),
@@ -124,10 +134,6 @@ def convert(m: Mapper) -> None:
                "Remove it (the checkpoint's config says whether they are tied).")
     _unread(m, "train", train, _TRAIN_READ, _TRAIN_NO_EFFECT)
     _unread(m, "eval", evals, _EVAL_READ, _EVAL_NO_EFFECT)
-    if m.has("data"):
-        m.get("data")
-        m.note("data: LitGPT's data module downloads or prepares its dataset, which is not "
-               "read here: planned with synthetic tokens at train.max_seq_length")
 
 
 # litgpt/args.py TrainArgs / EvalArgs: the keys read above, and those that change neither memory
