@@ -321,10 +321,27 @@ def _zero3_weights(spec: RunSpec, arch: Arch, counts: ParamCounts, weights: int,
     persistent = counts.norms  # norms' weights (and biases) sit under any threshold in use
     partitioned = max(0, params.total - persistent)
     layer = counts.per_layer
-    live = min(ds.stage3_max_live_parameters,
-               int(REUSE_KEPT_FRACTION * ds.stage3_max_reuse_distance)
-               + ds.elements("stage3_prefetch_bucket_size", h) + max(layer, counts.lm_head),
-               partitioned)
+    # the module computing is gathered whatever the limits (fetch_sub_module); the limits bound
+    # what is prefetched and kept besides it
+    live = max(min(largest_module(arch, counts), partitioned),
+               min(ds.stage3_max_live_parameters,
+                   int(REUSE_KEPT_FRACTION * ds.stage3_max_reuse_distance)
+                   + ds.elements("stage3_prefetch_bucket_size", h) + max(layer, counts.lm_head),
+                   partitioned))
     if ds.stage3_param_persistence_threshold == 0:
         persistent = 0
     return int(partitioned * per_param) // N + int(persistent * per_param), int(live * per_param)
+
+
+def largest_module(arch: Arch, counts: ParamCounts) -> int:
+    """The most parameters one module holds itself (ZeRO-3 gathers a module's own parameters
+    for its forward and backward): the embedding, the LM head, a linear, or a fused experts
+    module (every routed expert of a layer in its gate_up and down tensors)."""
+    from tunepilot.model.arch import linear_modules
+
+    modules: dict[str, int] = {}
+    for lin in linear_modules(arch):
+        own = lin.path.rsplit(".", 1)[0] if lin.peft_kind == "parameter" else lin.path
+        modules[own] = modules.get(own, 0) + lin.count_per_layer * lin.in_features * (
+            lin.out_features) + (lin.out_features * lin.count_per_layer if lin.has_bias else 0)
+    return max([counts.embedding, counts.lm_head, *modules.values()])

@@ -136,6 +136,38 @@ def _phase_bytes(p: TracedPhase) -> dict:
     return {c: getattr(p, f"{c}_bytes") for c in TRACED_COMPONENTS}
 
 
+def grads_made_and_gone(spec: RunSpec) -> str:
+    """Why the run's gradients do not pile up as the traced single-device step's do (empty when
+    they do): ZeRO-2/3 reduce each into its partition as it is made, the optimizer in the
+    backward steps and frees each at once."""
+    if spec.parallel.strategy == "deepspeed" and spec.parallel.deepspeed.stage >= 2:
+        return (f"ZeRO-{spec.parallel.deepspeed.stage} reduces each gradient into the rank's "
+                "partition as it is made, so the backward's peak is where the traced step held "
+                "the most besides its gradients (the start of the backward, every checkpoint "
+                "alive), with the partition added - not the traced instant that held them all")
+    if spec.optimizer_in_backward:
+        return ("optimizer_in_backward steps and frees each gradient as it is made: each "
+                "phase's peak is the larger of the traced instant (its gradients cut to the "
+                "largest) and the instant that held the most besides gradients")
+    return ""
+
+
+def _larger_of_twins(phases: list[dict]) -> list[dict]:
+    """Each phase, or its twin (the same phase at its instant of most non-gradient bytes, as
+    the strategy holds it) where that holds more; the twins dropped."""
+    def total(p: dict) -> int:
+        return sum(v for k, v in p.items() if k in TRACED_COMPONENTS or k == "collective_buffers")
+
+    twin = {p["name"]: p for p in phases if p.get("twin")}
+    out = []
+    for p in (q for q in phases if not q.get("twin")):
+        t = twin.get(p["name"])
+        q = dict(t if t is not None and total(t) > total(p) else p)
+        q.pop("twin", None)
+        out.append(q)
+    return out
+
+
 def _modelled_on_trace(spec: RunSpec, arch: Arch | None, raw: TraceResult, stack: str,
                        phases_in: list[dict], notes: list[str]) -> list[dict]:
     """What the CPU trace cannot run, modelled on its phases: activation offloading and the
@@ -222,8 +254,15 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
 
         notes += objective_notes(spec, arch)
     phases_in = [dict(_phase_bytes(p), name=p.name) for p in raw.phases]
+    twins = grads_made_and_gone(spec)
+    if twins:  # each phase's instant with the most non-gradient bytes, carried alongside
+        phases_in += [dict(p.sans_grad_bytes, name=p.name, twin=True) for p in raw.phases
+                      if p.sans_grad_bytes]
     phases_in = _modelled_on_trace(spec, arch, raw, stack, phases_in, notes)
     phases_in, buckets = _strategy_on_trace(spec, arch, raw, phases_in, notes)
+    if twins:
+        phases_in = _larger_of_twins(phases_in)
+        notes.append(twins)
     dp = spec.parallel.replicas
     sharded = strategy == "fsdp" and dp > 1
     phases = [Phase.of(p["name"], dict(p, collective_buffers=buckets)) for p in phases_in]

@@ -28,6 +28,8 @@ class TracedPhase(_Message):
     weight_cast_bytes: int = 0
     weight_cast_activations_bytes: int = 0
     labelled_bytes: dict[str, int] = Field(default_factory=dict)  # unsharded, all-gather, ...
+    # by component, the instant the most bytes other than gradients were live (tracker.Peak)
+    sans_grad_bytes: dict[str, int] = Field(default_factory=dict)
     weights_bytes: int = 0
     master_weights_bytes: int = 0
     gradients_bytes: int = 0

@@ -108,9 +108,15 @@ class Peak:
     weight_cast_bytes: int = 0  # of which 16-bit copies of parameters made by autocast
     weight_cast_activations_bytes: int = 0  # of those, the ones held as activations
     labels: dict = field(default_factory=dict)  # labelled storages' bytes at the peak
+    # the instant the most bytes other than gradients were live, and its breakdown: where the
+    # gradients are sharded as they are made (ZeRO-2/3) or stepped at once (optimizer in the
+    # backward) that instant, not the one with every gradient, is the run's peak
+    sans_grad_seq: int = -1
+    sans_grad: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "peak_bytes": self.peak_bytes,
+                "sans_grad_bytes": dict(self.sans_grad),
                 "peak_raw_bytes": self.peak_raw_bytes, "saved_bytes": self.saved_bytes,
                 "weight_cast_bytes": self.weight_cast_bytes,
                 "weight_cast_activations_bytes": self.weight_cast_activations_bytes,
@@ -282,6 +288,9 @@ class StorageTracker(TorchDispatchMode):
                 p.by_category[cat] += rec.nbytes
                 if cast_act:
                     p.weight_cast_activations_bytes += rec.nbytes
+            if p.sans_grad_seq >= rec.seq and cat != "gradients":  # not yet in .grad then
+                p.sans_grad[old] -= rec.nbytes
+                p.sans_grad[cat] += rec.nbytes
 
     def _free(self, key: int, rec: StorageRecord) -> None:
         if self._recs.get(key) is rec:
@@ -463,11 +472,14 @@ class StorageTracker(TorchDispatchMode):
                 p.labels = dict(self.label_bytes)
             if self.live_raw_bytes > p.peak_raw_bytes:
                 p.peak_raw_bytes = self.live_raw_bytes
+            if live - self.by_category["gradients"] > \
+                    sum(p.sans_grad.values()) - p.sans_grad.get("gradients", 0):
+                p.sans_grad_seq, p.sans_grad = self.seq, dict(self.by_category)
 
     def open_window(self, name: str) -> Peak:
         p = Peak(name, self.live_bytes, self.live_raw_bytes, self.seq, dict(self.by_category),
                  self.saved_bytes, self.weight_cast_bytes, self.weight_cast_activations_bytes,
-                 dict(self.label_bytes))
+                 dict(self.label_bytes), self.seq, dict(self.by_category))
         self._open.append(p)
         return p
 
