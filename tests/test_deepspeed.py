@@ -16,6 +16,7 @@ from tunepilot.model.arch import resolve_arch
 from tunepilot.plan.analytic.collectives import collectives
 from tunepilot.plan.analytic.core import analytic_plan
 from tunepilot.spec import spec_from_dict
+from tunepilot.units import fmt_bytes
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 DS = CONFIGS / "deepspeed"
@@ -323,6 +324,47 @@ def test_zero3_keeps_its_gradient_partition_through_the_forward():
     _, z2 = _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 2}})
     assert _phase(z3, "forward-end").gradients_bytes == z3.per_device.gradients_bytes > 0
     assert _phase(z2, "forward-end").gradients_bytes == 0
+
+
+def test_zero3_gathers_the_module_computing_even_with_no_live_parameters_allowed():
+    # fetch_sub_module gathers the module about to run whatever stage3_max_live_parameters says;
+    # the limit bounds the prefetch and what stays gathered besides it
+    from tunepilot.plan.analytic.parallel import largest_module
+
+    spec, plan = _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {
+        "stage": 3, "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0}})
+    arch = resolve_arch(spec)
+    from tunepilot.model.arch import param_counts
+
+    module = largest_module(arch, param_counts(arch))
+    assert module == arch.vocab_size * arch.hidden_size  # the embedding
+    assert any(f"up to {fmt_bytes(2 * module)} of gathered" in n for n in plan.assumptions)
+    assert _phase(plan, "forward-end").temporary_bytes >= 2 * module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_traced_zero_backward_peaks_with_its_checkpoints_not_its_gradients(stage):
+    # the traced single-device step piles up every gradient and peaks at the backward's end,
+    # its checkpoints gone; ZeRO-2/3 reduce each gradient into the partition as it is made, so
+    # the rank's backward peaks at the start, every checkpoint alive (a parameter-heavy step)
+    from tunepilot.plan.api import make_plan
+
+    def traced(par):
+        spec = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
+                               "sequence_length": 32, "activation_checkpointing": "full",
+                               "parallel": par})
+        plan = make_plan(spec, "traced", card_ids=["h100-sxm-80gb"])
+        assert plan.fidelity == "trace", plan.assumptions[0]
+        return plan
+
+    single = traced({"strategy": "single"})
+    zero = traced({"strategy": "deepspeed", "devices": 4, "deepspeed": {"stage": stage}})
+    assert _phase(single, "backward").activations_bytes < \
+        0.1 * _phase(single, "forward").activations_bytes
+    assert _phase(zero, "backward").activations_bytes > \
+        0.9 * _phase(zero, "forward").activations_bytes
+    assert any(f"ZeRO-{stage} reduces each gradient" in n for n in zero.assumptions)
 
 
 def test_megatron_optimizer_holds_six_plus_twelve_over_d_bytes_per_parameter():

@@ -78,6 +78,29 @@ def test_peaks_keep_their_breakdown_when_a_role_is_learned_later():
     assert w.by_category["gradients"] == 1024 and w.by_category["temporary"] == 0
 
 
+def test_a_window_keeps_the_instant_with_the_most_bytes_besides_gradients():
+    # ZeRO-2/3 and the optimizer in the backward hold no pile of gradients: their peak is the
+    # instant the step held the most else (tracker.Peak.sans_grad), not the one with every .grad
+    tr = StorageTracker()
+    with tr:
+        w = tr.open_window("w")
+        a = torch.empty(512)  # 2 KiB of activations
+        tr.classify(a, "activations")
+        fresh = torch.empty(128)  # 512 B a backward op makes, stored in .grad a moment later:
+        tr.classify(fresh, "gradients")  # at that instant still the op's output
+        del a
+        gc.collect()
+        grads = []
+        for _ in range(3):  # 3 KiB of gradients afterwards: the window's peak
+            grads.append(torch.empty(256))
+            tr.classify(grads[-1], "gradients")
+        tr.close_window(w)
+    assert w.peak_bytes == 3584 and w.by_category["gradients"] == 3584
+    assert w.sans_grad["activations"] == 2048 and w.sans_grad["temporary"] == 512
+    assert w.sans_grad["gradients"] == 0
+    assert w.to_dict()["sans_grad_bytes"]["activations"] == 2048
+
+
 def test_nf4_parts_match_bitsandbytes_layout():
     n = 4096 * 4096
     plain = nf4_parts(n, double_quant=False)
