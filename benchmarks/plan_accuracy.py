@@ -165,13 +165,6 @@ ROWS.update(ROWS_2026)
 
 # Why a row stays outside +-10% (the traced plan), from the published setup and the source:
 WHY: dict[str, str] = {
-    "8": "LitGPT's own phi-1.5 code (lit-gpt 8641822) saves more per sample than transformers' "
-         "phi, which the trace runs: rows 7 and 8 differ only in micro-batch, and the published "
-         "peak grows 1.82 GiB per sample where the trace grows 1.55 (row 7, one sample, is "
-         "within 10%); LitGPT's loss is traced as LitGPT runs it, its LoRA dropout as CUDA "
-         "runs it (a bool mask; PEFT's separate q and v adapters keep two where LitGPT's fused "
-         "qkv keeps one) and its q/v adapter output as its zero_pad keeps it (index_copy's "
-         "source)",
     "23": "torchtune's levers on top of the traced step (optimizer_in_backward, activation "
           "offloading, paged 8-bit AdamW, compile) are modelled, not traced; the published "
           "cumulative rows show optimizer_in_bwd saving 1.8 GiB (24.9 -> 23.1) of the 6.0 GiB "

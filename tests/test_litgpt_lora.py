@@ -10,7 +10,7 @@ import pytest
 from tunepilot.errors import UserError
 from tunepilot.model.arch import Arch
 from tunepilot.model.litgpt import fused_part_index, partial_qkv
-from tunepilot.plan.analytic.activations import litgpt_kept_features
+from tunepilot.plan.analytic.activations import litgpt_fused_qkv_features, litgpt_kept_features
 from tunepilot.spec import spec_from_dict
 
 SMALL = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -45,6 +45,17 @@ def test_the_analytic_plan_counts_the_kept_adapter_output_for_litgpt_only():
     fused = _spec(lora_targets=["query_key_value"], lora_qkv_parts=["q", "v"])
     assert litgpt_kept_features(neox, fused) == 2 * 128
     assert litgpt_kept_features(neox, _spec(lora_targets=["query_key_value"])) == 0
+
+
+def test_the_analytic_plan_counts_litgpts_fused_qkv_output_kept_with_v():
+    # v is a view of LitGPT's fused qkv output, so its q and k widths stay alive with it
+    arch = Arch.from_config(LLAMA)
+    assert litgpt_fused_qkv_features(arch, _spec()) == 2 * 128
+    assert litgpt_fused_qkv_features(arch, _spec("transformers")) == 0
+    # transformers' gpt_neox is fused already; with fewer K/V heads LitGPT copies v
+    assert litgpt_fused_qkv_features(Arch.from_config(NEOX), _spec()) == 0
+    gqa = Arch.from_config(dict(LLAMA, num_key_value_heads=2))
+    assert litgpt_fused_qkv_features(gqa, _spec()) == 0
 
 
 @pytest.mark.parametrize("method,field", [
@@ -130,3 +141,27 @@ def test_a_fused_qkv_adapter_updates_only_its_parts_and_keeps_them():
     per_head = delta.view(1, 8, 4, 3, 32)  # heads x [q | k | v] x head_dim
     assert per_head[..., 1, :].abs().max() == 0  # the key's update stays zero
     assert per_head[..., 0, :].abs().max() > 0 and per_head[..., 2, :].abs().max() > 0
+
+
+def test_v_as_a_view_of_a_fused_output_keeps_q_and_k_widths_with_the_same_values():
+    # the attention kernels save v as given (flash, SDPA's fused paths: the trace's stand-ins),
+    # so v's storage - LitGPT's whole qkv output - stays alive until the backward
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tunepilot.model.litgpt import fused_qkv_storage
+
+    def model(config):
+        cfg = dict(config)
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg),
+                                                dtype=torch.float32)
+
+    ids = torch.randint(0, 512, (2, 64))
+    plain, lit = model(LLAMA), model(LLAMA)
+    assert fused_qkv_storage(lit) == 2  # one v_proj per layer
+    assert torch.equal(plain(input_ids=ids).logits, lit(input_ids=ids).logits)
+    x = torch.randn(2, 64, 128)
+    v = lit.model.layers[0].self_attn.v_proj(x)
+    assert torch.equal(v, plain.model.layers[0].self_attn.v_proj(x))
+    assert v.untyped_storage().nbytes() == 3 * v.numel() * 4  # q | k | v wide, fp32
+    assert fused_qkv_storage(model(dict(LLAMA, num_key_value_heads=2))) == 0

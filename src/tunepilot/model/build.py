@@ -158,6 +158,10 @@ def _finish(spec: RunSpec, model):
     apply_experts_implementation(spec, model)
     if spec.method.is_lora:
         model = apply_lora(spec, model)
+    elif spec.model.implementation == "litgpt":  # its fused qkv output, kept through v
+        from tunepilot.model.litgpt import fused_qkv_storage
+
+        fused_qkv_storage(model)
     apply_checkpointing(spec, model)
     return model
 
@@ -236,9 +240,10 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
             if "lora_" in name:  # adapters and DoRA's magnitude (not modules_to_save copies)
                 p.data = p.data.to(torch.bfloat16)
     if spec.model.implementation == "litgpt":  # its fused-qkv LoRA keeps the adapters' output
-        from tunepilot.model.litgpt import keep_lora_output
+        from tunepilot.model.litgpt import fused_qkv_storage, keep_lora_output
 
         keep_lora_output(peft_model, m.lora_qkv_parts)
+        fused_qkv_storage(peft_model)
     return peft_model
 
 

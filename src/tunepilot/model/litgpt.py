@@ -16,6 +16,14 @@ computation; `keep_lora_output` routes each adapted projection's lora_B output t
 index_copy (into a zero tensor of its own width, identity index), so the step keeps what
 LitGPT's keeps: the same values, the same saved bytes. The analytic plan counts it with
 `litgpt_kept_features`.
+
+The fused matrix also keeps its whole output, LoRA or not (CausalSelfAttention.forward
+@8641822): q and k are made anew by the rope's torch.cat, but v stays a view of the qkv output
+(permute, split and, with as many K/V heads as query heads, a reshape that needs no copy), and
+the attention saves v - so the q and k widths of that output stay alive with it until the
+backward. `fused_qkv_storage` makes transformers' split v_proj output such a view of a q + k + v
+wide tensor (the same values); with fewer K/V heads LitGPT's expand and reshape copy v and
+nothing extra is kept.
 """
 
 from __future__ import annotations
@@ -95,3 +103,29 @@ def _zero_pad(index: list[int] | None):
             source = out.index_select(dim, idx)
         return out.new_zeros(out.shape).index_copy(dim, idx, source)
     return hook
+
+
+def fused_qkv_storage(model) -> int:
+    """On a split-q/k/v model with as many K/V heads as query heads: make each v_proj output a
+    view into a tensor as wide as LitGPT's fused qkv output (zeros where q and k would be), so
+    the attention's saved v keeps what LitGPT's keeps. Returns the projections hooked."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+        else model.config
+    heads = getattr(cfg, "num_attention_heads", None)
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    if not heads or kv != heads:
+        return 0
+    hooked = 0
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "v_proj" and hasattr(module, "register_forward_hook"):
+            module.register_forward_hook(_within_fused)
+            hooked += 1
+    return hooked
+
+
+def _within_fused(module, args, out):
+    """v as the last third of a q|k|v-wide tensor (MHA: each part as wide as v)."""
+    import torch
+
+    width = out.shape[-1]
+    return torch.cat((out.new_zeros(*out.shape[:-1], 2 * width), out), dim=-1)[..., 2 * width:]

@@ -79,7 +79,7 @@ def layer_activation_bytes_per_token(arch: Arch, spec: RunSpec, cb: int, sb: int
     if arch.is_moe:  # the router and the routed experts, in the MoE layers
         mlp += arch.num_moe_layers * moe.routed_saved_per_token(arch, spec, cb, sb) \
             // arch.num_layers
-    total = norms + sdpa + mlp
+    total = norms + sdpa + mlp + cb * litgpt_fused_qkv_features(arch, spec)
     if full:
         parallel = arch.family == "phi" or arch.norms_per_layer == 1  # one input, attn + MLP
         total += cb * (h + hq + (0 if parallel else h) + ik)  # attn, o, mlp, down inputs
@@ -148,6 +148,19 @@ def _lora_saved_bytes_per_token(arch: Arch, spec: RunSpec, cb: int) -> int:
         group = _input_group(lin)
         inputs[group] = max(inputs.get(group, 0), int(share * per_feature * lin.in_features))
     return extra + sum(inputs.values()) + cb * litgpt_kept_features(arch, spec)
+
+
+def litgpt_fused_qkv_features(arch: Arch, spec: RunSpec) -> int:
+    """Per token, the q and k widths of LitGPT's fused qkv output that stay alive with the v the
+    attention saves (a view of that output when K/V heads = query heads; model/litgpt.py), where
+    transformers' split projections - which the other implementations' counts follow - keep v
+    alone."""
+    if spec.model.implementation != "litgpt" or arch.num_kv_heads != arch.num_heads:
+        return 0
+    from tunepilot.model.litgpt import QKV_SPLIT
+
+    names = {lin.name for lin in linear_modules(arch) if lin.group == "attention"}
+    return 2 * arch.num_heads * arch.head_dim if set(QKV_SPLIT) <= names else 0
 
 
 def litgpt_kept_features(arch: Arch, spec: RunSpec) -> int:
