@@ -138,13 +138,17 @@ def _phase_bytes(p: TracedPhase) -> dict:
 
 def grads_made_and_gone(spec: RunSpec) -> str:
     """Why the run's gradients do not pile up as the traced single-device step's do (empty when
-    they do): ZeRO-2/3 reduce each into its partition as it is made, the optimizer in the
-    backward steps and frees each at once."""
+    they do): ZeRO-2/3 reduce each into its partition as it is made, a kept buffer holds them
+    all from the start, the optimizer in the backward steps and frees each at once."""
     if spec.parallel.strategy == "deepspeed" and spec.parallel.deepspeed.stage >= 2:
         return (f"ZeRO-{spec.parallel.deepspeed.stage} reduces each gradient into the rank's "
                 "partition as it is made, so the backward's peak is where the traced step held "
                 "the most besides its gradients (the start of the backward, every checkpoint "
                 "alive), with the partition added - not the traced instant that held them all")
+    if grads_kept(spec):
+        return ("the gradients live in one buffer allocated before the step and kept (Megatron's "
+                "main grads, DeepSpeed's fp32 buffer), so the backward's peak is where the traced "
+                "step held the most besides its gradients, with the whole buffer added")
     if spec.optimizer_in_backward:
         return ("optimizer_in_backward steps and frees each gradient as it is made: each "
                 "phase's peak is the larger of the traced instant (its gradients cut to the "
