@@ -423,3 +423,30 @@ def test_sequence_parallel_is_traced_as_the_tensor_slice_over_the_whole_sequence
     assert config["hidden_size"] == arch.hidden_size
     assert config["num_attention_heads"] == arch.num_heads // 4
     assert 1 / 4 <= sequence_parallel_share(spec, arch) < 1  # full checkpointing: 1/4
+
+
+def test_a_gradient_larger_than_the_bucket_stays_whole_until_reduced():
+    # ZeRO-2/3 copy each gradient into the reduce bucket as it is made; one larger than the
+    # bucket (the LM head's) is reduced from its own tensor, alive in the backward meanwhile
+    from types import SimpleNamespace
+
+    from tunepilot.plan.trace.messages import TracedModel
+    from tunepilot.plan.trace.parallel import zero_on_trace
+
+    spec, _ = _plan({"strategy": "deepspeed", "devices": 8, "deepspeed": {"stage": 3}})
+    arch = resolve_arch(spec)
+    head = 2 * arch.vocab_size * arch.hidden_size
+    model = TracedModel(total_params=10**9, trainable_params=10**9, trainable_bytes=2 * 10**9,
+                        param_rows=[(arch.vocab_size, head, True), (64, 128, False)],
+                        layer_numel=1, root_numel=1, total_base_numel=10**9)
+    raw = SimpleNamespace(model=model)
+    zero = dict(weights=2 * 10**9, master_weights=0, optimizer=0, activations=10**8)
+    phases = [dict(zero, name="backward", gradients=2 * 10**9, temporary=10**8),
+              dict(zero, name="backward", gradients=0, temporary=10**8, twin=True),
+              dict(zero, name="optimizer-step", gradients=2 * 10**9, temporary=0)]
+    out, *_ = zero_on_trace(spec, arch, raw, phases)
+    assert out[0]["temporary"] - out[1]["temporary"] == head  # the twin made its own then
+    stage1 = spec.with_changes(parallel={"strategy": "deepspeed", "devices": 8,
+                                         "deepspeed": {"stage": 1}})
+    out1, *_ = zero_on_trace(stage1, arch, raw, phases)
+    assert out1[0]["temporary"] == out1[1]["temporary"]  # whole gradients: nothing in flight

@@ -197,6 +197,10 @@ def zero_on_trace(spec: RunSpec, arch: Arch, raw, phases: list[dict]
     params = ParamSplit(total=m.total_params, trainable=m.trainable_params,
                         frozen=m.total_params - m.trainable_params)
     s = zero_states(spec, view.states_arch, s, counts, params)
+    # ZeRO-2/3 reduce a gradient out of the bucket as it is made, but one larger than the bucket
+    # (the LM head's, the embedding's) stays whole until its reduce-scatter is done
+    in_flight = max((b for _, b, t in m.param_rows if t), default=0) \
+        if spec.parallel.deepspeed.stage >= 2 else 0
     out = []
     for p in phases:
         q = dict(p, weights=s.weights, master_weights=s.master, optimizer=s.optim,
@@ -206,5 +210,7 @@ def zero_on_trace(spec: RunSpec, arch: Arch, raw, phases: list[dict]
             q["temporary"] = max(0, p["temporary"] - opt_temp) + s.optim_temp
         else:
             q["temporary"] = p["temporary"] + s.unsharded
+        if p["name"].endswith("backward") and not p.get("twin"):  # (a twin's is made then)
+            q["temporary"] += min(p["gradients"], in_flight)
         out.append(q)
     return out, s.buckets, s.host, s.notes
