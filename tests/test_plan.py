@@ -263,3 +263,29 @@ def test_a_checkpointed_step_peaks_where_the_last_layer_is_recomputed_with_every
     assert p.peak_phase == "first-recompute"
     plain = analytic_plan(spec_from_dict(dict(fields, activation_checkpointing="none")), arch)
     assert "first-recompute" not in [ph.name for ph in plain.phases]
+
+
+def test_the_loss_backward_holds_the_lm_heads_new_gradient_in_a_full_fine_tune():
+    # lm_head's backward makes its weight gradient while the logits' gradient is alive: in .grad
+    # (fp32 under mixed precision), or in flight to ZeRO's partition (16-bit); LoRA's head is
+    # frozen, and FSDP's unsharded root holds it in its own working set
+    from types import SimpleNamespace
+
+    from tunepilot.model.arch import resolve_arch
+    from tunepilot.plan.analytic.core import lm_head_gradient
+
+    full = spec_from_dict({"model": {"preset": "llama-3.2-1b"}, "sequence_length": 512,
+                           "method": {"kind": "full"}, "precision": "bf16-mixed"})
+    arch = resolve_arch(full)
+    head = arch.vocab_size * arch.hidden_size
+    s = SimpleNamespace(lm_head_weights=head)
+    assert lm_head_gradient(full, s, 2) == 4 * head
+    zero = full.with_changes(parallel={"strategy": "deepspeed", "devices": 4,
+                                       "deepspeed": {"stage": 3}})
+    assert lm_head_gradient(zero, s, 2) == 2 * head
+    assert lm_head_gradient(full.with_changes(parallel={"strategy": "fsdp", "devices": 4}),
+                            s, 2) == 0
+    assert lm_head_gradient(full.with_changes(method={"kind": "lora"}), s, 2) == 0
+    p = analytic_plan(full, arch)
+    loss = next(ph for ph in p.phases if ph.name == "loss-backward")
+    assert loss.temporary_bytes >= 4 * head

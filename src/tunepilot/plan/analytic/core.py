@@ -131,11 +131,12 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
     layer_tmp = dequant + recompute + fp8_ws + parallel_ws + s.unsharded
     layer_grad = cb * max(m.numel if m.peft_kind == "parameter" else m.numel // m.count_per_layer
                           for m in linears) if spec.method.kind == "full" else 0
+    head_grad = lm_head_gradient(spec, s, cb)
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
                    max(logits_fwd, dora, fp8_ws, routing) + s.unsharded, s.buckets),
         Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
-                   max(logits_transient, layer_bwd) + s.unsharded, s.buckets),
+                   max(logits_transient, layer_bwd) + head_grad + s.unsharded, s.buckets),
         # checkpointed: the last layer recomputed while every layer's input is still kept
         *([Phase.make("first-recompute", *states, acc_grads, s.optim, saved + layer_ws,
                       layer_grad + layer_tmp, s.buckets)]
@@ -150,6 +151,18 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
                               saved_and_kept=saved + casts_fwd + logits_kept, no_grad=no_grad,
                               cb=cb, unsharded=s.unsharded, buckets=s.buckets)
     return phases, largest
+
+
+def lm_head_gradient(spec: RunSpec, s, cb: int) -> int:
+    """The LM head's weight gradient a full fine-tune makes in the loss's backward, alive with
+    the logits' gradient: the new .grad (or the one added into an accumulated or kept buffer),
+    and under ZeRO-2/3 the 16-bit gradient too large for a reduce bucket, whole until reduced.
+    (FSDP's is the unsharded root's, in its working set.)"""
+    par = spec.parallel
+    if spec.method.kind != "full" or par.strategy == "fsdp":
+        return 0
+    width = cb if par.strategy == "deepspeed" else precision_bytes(spec)[2]
+    return width * s.lm_head_weights
 
 
 def _logprobs(spec: RunSpec, arch: Arch, cb: int) -> dict | None:
