@@ -109,11 +109,10 @@ def fused_qkv_storage(model) -> int:
     """On a split-q/k/v model with as many K/V heads as query heads: make each v_proj output a
     view into a tensor as wide as LitGPT's fused qkv output (zeros where q and k would be), so
     the attention's saved v keeps what LitGPT's keeps. Returns the projections hooked."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
-        else model.config
-    heads = getattr(cfg, "num_attention_heads", None)
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    if not heads or kv != heads:
+    from tunepilot.model.arch import Arch
+
+    arch = Arch.from_config(model.config.to_dict())
+    if arch.num_kv_heads != arch.num_heads:
         return 0
     hooked = 0
     for name, module in model.named_modules():

@@ -342,6 +342,5 @@ def largest_module(arch: Arch, counts: ParamCounts) -> int:
     modules: dict[str, int] = {}
     for lin in linear_modules(arch):
         own = lin.path.rsplit(".", 1)[0] if lin.peft_kind == "parameter" else lin.path
-        modules[own] = modules.get(own, 0) + lin.count_per_layer * lin.in_features * (
-            lin.out_features) + (lin.out_features * lin.count_per_layer if lin.has_bias else 0)
+        modules[own] = modules.get(own, 0) + lin.numel
     return max([counts.embedding, counts.lm_head, *modules.values()])
