@@ -27,7 +27,11 @@ LIGER = ["rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"]
 # mixed precision is on ("FSDP upcast of low precision parameters may affect the precision of
 # model checkpoints"), so they are planned bf16-mixed on FSDP1 - as plan_accuracy.py's lg1/lg2 rows plan
 # the same chart (planned bf16-true on FSDP2 they missed by -32% to -46%)
-_E2E = {"model": {"preset": "llama-3-8b"}, "method": {"kind": "full"}, "precision": "bf16-mixed",
+# (transformers 4.44, the newest release when the charts were added in 2024-08: the forward's
+# fp32 logits; Liger's fused loss computes none)
+_V444 = {"transformers_version": "4.44"}
+_E2E = {"model": {"preset": "llama-3-8b", **_V444},
+        "method": {"kind": "full"}, "precision": "bf16-mixed",
         "micro_batch_size": 8, "activation_checkpointing": "full",
         "parallel": {"strategy": "fsdp", "devices": 8, "fsdp_version": 1}}
 # Liger examples/huggingface: Alpaca, max_seq_length 512, bf16 weights, gradient checkpointing,
@@ -66,16 +70,16 @@ ROWS: dict[str, tuple] = {
                     MIB, "reserved", None, f"{LIG}:docs/images/e2e-memory.png (HF: OOM)"),
     "LIG-E2E-M5b": ("peak", dict(_E2E, sequence_length=16384, kernels={"liger": LIGER}), 77000,
                     MIB, "reserved", None, f"{LIG}:docs/images/e2e-memory.png (HF: OOM)"),
-    "LIG-HF-llama-M32a": ("peak", dict(_HF, model={"preset": "llama-3-8b"}), 54000, MIB,
+    "LIG-HF-llama-M32a": ("peak", dict(_HF, model={"preset": "llama-3-8b", **_V444}), 54000, MIB,
                           "allocated", None,
                           f"{LIG}:examples/huggingface/img/llama_mem_alloc.png (chart, +-3%)"),
-    "LIG-HF-llama-M32b": ("peak", dict(_HF, model={"preset": "llama-3-8b"},
+    "LIG-HF-llama-M32b": ("peak", dict(_HF, model={"preset": "llama-3-8b", **_V444},
                                        kernels={"liger": LIGER}), 38200, MIB, "allocated", None,
                           f"{LIG}:examples/huggingface/img/llama_mem_alloc.png"),
-    "LIG-HF-qwen-M32a": ("peak", dict(_HF, model={"preset": "qwen2.5-7b"}), 51154, MIB,
+    "LIG-HF-qwen-M32a": ("peak", dict(_HF, model={"preset": "qwen2.5-7b", **_V444}), 51154, MIB,
                          "allocated", None, f"{LIG}:examples/huggingface/img/qwen_mem_alloc.png "
                          "(Qwen2-7B: the Qwen2.5-7B architecture)"),
-    "LIG-HF-qwen-M32b": ("peak", dict(_HF, model={"preset": "qwen2.5-7b"},
+    "LIG-HF-qwen-M32b": ("peak", dict(_HF, model={"preset": "qwen2.5-7b", **_V444},
                                       kernels={"liger": LIGER}), 39300, MIB, "allocated", None,
                          f"{LIG}:examples/huggingface/img/qwen_mem_alloc.png"),
     "PEFT-LORA32": ("peak", dict(_PEFT, method=_QV32), 19188, MIB, "reserved", None,

@@ -51,6 +51,9 @@ GPT_OSS_ATTN = {"kind": "lora", "lora_rank": 8, "lora_alpha": 16,
                 "lora_targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 PE_LORA = {"kind": "lora", "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.1,
            "lora_targets": "all-linear"}
+# PEFT's docs of 2024-02-26 / 2024-03-13 ran a transformers before 4.46 (4.38 was the newest
+# release then): the forward upcast the logits to fp32 in its output (HF Trainer drops it)
+PE_HF = {"model_transformers_version": "4.38"}
 TT = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 8192,
       "micro_batch_size": 2, "activation_checkpointing": "selective-op",
       "optimizer": {"name": "adamw", "impl": "fused"}, "model_implementation": "torchtitan"}
@@ -176,24 +179,24 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                                       lora_targets="all-linear"),
                                       gradient_accumulation_steps=4,
                                       optimizer={"name": "adamw"}), []),
-    "pe1": ("llama-2-70b", dict(SWIFT, method=PE_LORA, sequence_length=2048,
+    "pe1": ("llama-2-70b", dict(SWIFT, **PE_HF, method=PE_LORA, sequence_length=2048,
                                 micro_batch_size=8, gradient_accumulation_steps=4,
                                 optimizer={"name": "adamw"}, kernels=FLASH,
                                 parallel={"strategy": "deepspeed", "devices": 8,
                                           "deepspeed": HF_Z3}), []),
-    "pe2": ("llama-2-70b", dict(SWIFT, method=dict(PE_LORA, kind="qlora", double_quant=True,
+    "pe2": ("llama-2-70b", dict(SWIFT, **PE_HF, method=dict(PE_LORA, kind="qlora", double_quant=True,
                                                    quant_storage="bf16"),
                                 sequence_length=2048, micro_batch_size=2,
                                 gradient_accumulation_steps=2, optimizer={"name": "adamw"},
                                 kernels=FLASH, parallel={"strategy": "deepspeed", "devices": 2,
                                                          "deepspeed": HF_Z3}), []),
-    "pe3": ("llama-2-70b", dict(method=dict(PE_LORA, kind="qlora", double_quant=True,
+    "pe3": ("llama-2-70b", dict(**PE_HF, method=dict(PE_LORA, kind="qlora", double_quant=True,
                                             quant_storage="bf16", adapter_dtype="bf16"),
                                 precision="bf16-true", activation_checkpointing="full",
                                 sequence_length=2048, micro_batch_size=2, kernels=FLASH,
                                 parallel={"strategy": "fsdp", "devices": 2, "fsdp_version": 1,
                                           "cpu_offload": True}), []),
-    "pe4": ("llama-2-70b", dict(method=dict(PE_LORA, kind="qlora", double_quant=True,
+    "pe4": ("llama-2-70b", dict(**PE_HF, method=dict(PE_LORA, kind="qlora", double_quant=True,
                                             quant_storage="bf16", adapter_dtype="bf16"),
                                 precision="bf16-true", activation_checkpointing="full",
                                 sequence_length=2048, micro_batch_size=2, kernels=FLASH,

@@ -126,15 +126,22 @@ ROWS: dict[str, tuple[str, dict, list[str]]] = {
 # layer; a dummy dataset of fixed length; two GPUs.
 AA_LORA = {"lora_rank": 64, "lora_alpha": 16, "lora_dropout": 0.1, "adapter_dtype": "bf16",
            "lora_targets": ["k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"]}
+# Its loop keeps each step's `output` (train.py: `output = model(...)`, `loss = output.loss`,
+# `loss.backward()`), and the benchmarks ran a transformers before 4.46 (the post is dated
+# 2024-05-03, when 4.40 was the newest release; 4.46 came on 2024-10-24): the forward's fp32
+# logits sit in that output.
 AA = {"precision": "bf16-true", "activation_checkpointing": "full", "sequence_length": 2048,
-      "parallel": {"strategy": "fsdp", "devices": 2, "fsdp_version": 1}}
+      "parallel": {"strategy": "fsdp", "devices": 2, "fsdp_version": 1},
+      "keeps_model_output": True, "model_transformers_version": "4.40"}
 AA_Q = {"kind": "qlora", **AA_LORA, "double_quant": True, "quant_storage": "bf16"}
 AA_L = {"kind": "lora", **AA_LORA}
 AA_OFF = {"strategy": "fsdp", "devices": 2, "fsdp_version": 1, "cpu_offload": True}
 # Liger-Kernel's HF Trainer baseline: LLaMA-3-8B full, bf16 (autocast + FSDP1 MixedPrecision),
 # AdamW, gradient checkpointing, FSDP1 on 8 GPUs, batch 8
+# (the chart was added on 2024-08-13, when transformers 4.44 was the newest release: its
+# forward upcast the logits to fp32 in the output, which HF Trainer drops before the backward)
 LG = {"method": {"kind": "full"}, "precision": "bf16-mixed", "micro_batch_size": 8,
-      "activation_checkpointing": "full",
+      "activation_checkpointing": "full", "model_transformers_version": "4.44",
       "parallel": {"strategy": "fsdp", "devices": 8, "fsdp_version": 1}}
 ROWS.update({
     "aa1": ("llama-2-7b", dict(AA, method=AA_Q, sequence_length=512), []),
@@ -196,6 +203,9 @@ def row_spec(model: str, fields: dict) -> tuple[dict, dict]:
     impl = fields.pop("model_implementation", None)
     if impl:
         model_spec["implementation"] = impl
+    version = fields.pop("model_transformers_version", None)
+    if version:
+        model_spec["transformers_version"] = version
     d = {"model": model_spec, "micro_batch_size": 1, "activation_checkpointing": "none"}
     d.update(fields)
     return d, CONFIGS.get(model) or {}
@@ -218,7 +228,7 @@ def plan_row(model: str, fields: dict):
     d, cfg = row_spec(model, fields)
     if cfg:  # placeholder source; the arch comes from cfg below
         d["model"] = {"preset": "tiny", **{k: v for k, v in d["model"].items()
-                                            if k == "implementation"}}
+                                            if k in ("implementation", "transformers_version")}}
     spec = spec_from_dict(d)
     if cfg:
         arch = Arch.from_config(cfg)

@@ -63,6 +63,11 @@ class ModelSpec(_Strict):
     """sequence-classification: the number of classes"""
     rope_scaling: float | None = Field(default=None, gt=1, le=1024, allow_inf_nan=False)
     """linear RoPE scaling factor (position interpolation): the context x this (model/context.py)"""
+    transformers_version: str | None = Field(default=None, max_length=40,
+                                             pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?[0-9A-Za-z.+-]*$")
+    """the transformers release the run trains with, where it is older than the installed one:
+    it decides the causal LM's loss path (spec.run hf_loss_path). The model's other code is
+    planned from the installed transformers."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -291,6 +296,12 @@ class RunSpec(_Strict):
     """each parameter is stepped in its gradient hook and its gradient freed at once
     (torchtune's optimizer_in_bwd): no full set of gradients is ever alive; needs
     gradient_accumulation_steps 1 and no GradScaler"""
+    keeps_model_output: bool = False
+    """the training loop keeps each micro-batch's model output (its logits) until the next
+    micro-batch's forward returns, as `output = model(...); output.loss.backward()` does
+    (AnswerDotAI fsdp_qlora train.py; fms-fsdp before its PR #152, open-instruct before #777):
+    a micro-batch of logits more through the backward and the next forward. HF Trainer and
+    tunepilot's own step keep only the loss."""
     activation_offloading: bool = False
     """saved activations go to host memory in the forward and come back in the backward
     (torchtune's enable_activation_offloading): the device holds the layers in flight"""
@@ -398,6 +409,33 @@ class RunSpec(_Strict):
         return (self.loss_is_chunked or self.litgpt_loss) and self.model.task == "causal-lm"
 
     @property
+    def hf_loss_path(self) -> str:
+        """How a transformers causal LM's own forward computes the SFT loss, by
+        model.transformers_version (the installed release's when unset):
+
+          current      the loss function upcasts the logits to fp32 and shifts the labels
+                       (transformers >= 4.49: PR #35646, merged 2025-01-13); the output keeps the
+                       16-bit logits
+          shift-copy   the loss function's fp32 upcast and a contiguous copy of the shifted
+                       logits (4.46 to 4.48: loss_utils ForCausalLMLoss)
+          fp32-output  the forward upcasts the logits to fp32 and keeps them in its output, and
+                       the loss copies the shifted logits (before 4.46: PR #33902 removed
+                       the upcast)
+        "none" where the model's forward computes no such loss (another implementation,
+        a chunked or fused-kernel loss, another objective or task)."""
+        if (self.model.implementation != "transformers" or self.model.task != "causal-lm"
+                or self.loss_is_chunked or self.kernels.fused_loss
+                or self.objective.kind != "sft"):
+            return "none"
+        v = self.model.transformers_version
+        if v is None:
+            return "current"
+        major, minor = (int(x) for x in v.split(".")[:2])
+        if (major, minor) < (4, 46):
+            return "fp32-output"
+        return "shift-copy" if (major, minor) < (4, 49) else "current"
+
+    @property
     def litgpt_loss(self) -> bool:
         """LitGPT's chunked_cross_entropy: every 128-position chunk kept (training.litgpt_loss)."""
         return self.model.implementation == "litgpt" and self.model.task == "causal-lm"
@@ -444,10 +482,15 @@ class RunSpec(_Strict):
 
     def spec_hash(self) -> str:
         """SHA-256 of the spec's canonical JSON (all resolved fields, without the label and
-        the host section, which does not change the training step; the moe block only where
-        set, so specs written before it keep their hash)."""
+        the host section, which does not change the training step; the moe block,
+        keeps_model_output and model.transformers_version only where set, so specs written
+        before them keep their hash)."""
         data = self.model_dump(mode="json", exclude={"name", "host"} | (
             {"moe"} if self.moe.is_default else set()))
+        if not self.keeps_model_output:
+            del data["keeps_model_output"]
+        if self.model.transformers_version is None:
+            del data["model"]["transformers_version"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

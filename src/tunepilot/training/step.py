@@ -50,11 +50,34 @@ def compute_loss(model: torch.nn.Module, batch: Batch, spec: RunSpec,
     if spec.litgpt_loss:
         return through_ddp(model, lambda m: litgpt_loss(m, batch, num_items, extra))
     if not spec.loss_is_chunked:
-        kwargs = {} if num_items is None else {"num_items_in_batch": num_items}
-        out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                    labels=batch["labels"], **extra, **kwargs)
-        return out.loss
+        return model_output(model, batch, spec, num_items, extra).loss
     return through_ddp(model, lambda m: chunked_loss(m, batch, num_items, extra))
+
+
+def model_output(model: torch.nn.Module, batch: Batch, spec: RunSpec, num_items,
+                 extra: dict | None = None):
+    """The model's forward with its own loss, along spec.hf_loss_path: the installed
+    transformers' loss, or the path of the release the run names (model.transformers_version) -
+    the fp32 upcast kept in the output and the shifted logits copied (before 4.46), or the
+    upcast and the copy inside the loss (4.46 to 4.48). The output (with ``loss``)."""
+    extra = extra if extra is not None else {k: batch[k] for k in ("position_ids",) if k in batch}
+    path = spec.hf_loss_path
+    if path in ("current", "none"):
+        kwargs = {} if num_items is None else {"num_items_in_batch": num_items}
+        return model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
+                     labels=batch["labels"], **extra, **kwargs)
+    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), **extra)
+    logits = out.logits.float()
+    if path == "fp32-output":
+        out.logits = logits  # the 16-bit logits die here; the output keeps the fp32 ones
+    labels = batch["labels"].to(logits.device)
+    shift_logits = logits[..., :-1, :].contiguous()  # the old loss's copy (alive to the end)
+    shift_labels = labels[..., 1:].contiguous()
+    loss = torch.nn.functional.cross_entropy(
+        shift_logits.view(-1, shift_logits.shape[-1]), shift_labels.view(-1),
+        ignore_index=IGNORE_INDEX, reduction="sum" if num_items is not None else "mean")
+    out.loss = loss / num_items if num_items is not None else loss
+    return out
 
 
 def through_ddp(model: torch.nn.Module, fn):
@@ -237,6 +260,8 @@ class TrainState:
     eos_token_id: int | None = None
     rollout: object = None
     """GRPO: the generation batch in use (reused num_iterations times)"""
+    kept_output: object = None
+    """keeps_model_output: the last micro-batch's model output, as the run's loop keeps it"""
 
 
 def sync(device_type: str) -> None:
@@ -251,6 +276,10 @@ def forward_loss(state: TrainState, batch: Batch, spec: RunSpec, num_items) -> t
     """Forward and loss of one micro-batch under the spec's autocast."""
     dt = next(state.model.parameters()).device.type
     with autocast_context(spec, dt):
+        if spec.keeps_model_output and spec.hf_loss_path != "none":
+            out = model_output(state.model, batch, spec, num_items)
+            state.kept_output = out  # the previous micro-batch's output dies only now
+            return out.loss
         return compute_loss(state.model, batch, spec, num_items, state.reference)
 
 

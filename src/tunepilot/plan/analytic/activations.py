@@ -318,7 +318,21 @@ def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int
         return cb * V * tokens
     if spec.litgpt_loss:
         return 0  # its 16-bit logits are the retained ones
+    path = spec.hf_loss_path  # an older transformers' loss copies the shifted fp32 logits
+    if path == "fp32-output":  # the fp32 upcast (the 16-bit logits freed) and its copy
+        return 8 * V * tokens
+    if path == "shift-copy":  # the 16-bit logits, the upcast and its copy
+        return (cb + 8) * V * tokens
     return (cb + 4) * V * tokens
+
+
+def kept_output_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
+    """keeps_model_output: the logits a loop's kept model output holds from its micro-batch's
+    loss through the backward and the next micro-batch's forward - fp32 where the forward
+    upcast them (transformers before 4.46), else the lm_head's 16-bit output."""
+    if not spec.keeps_model_output or spec.hf_loss_path == "none":
+        return 0
+    return (4 if spec.hf_loss_path == "fp32-output" else cb) * arch.vocab_size * tokens
 
 
 def logprob_bytes(arch: Arch, spec: RunSpec, cb: int, rows: int) -> dict[str, int]:

@@ -22,6 +22,7 @@ from tunepilot.plan.analytic import moe as moe_plan
 from tunepilot.plan.analytic import variants
 from tunepilot.plan.analytic.activations import (
     CHUNKED_LOSS_TOKENS,
+    kept_output_bytes,
     layer_backward_bytes,
     logits_bytes,
     logits_forward_bytes,
@@ -53,6 +54,30 @@ from tunepilot.spec import RunSpec
 __all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "offload_note", "per_device_figures",
            "runtime_constants", "split_params", "state_bytes", "task_counts"]
 
+
+
+def loss_path_notes(spec: RunSpec) -> list[str]:
+    """What the plan takes from model.transformers_version and keeps_model_output."""
+    path, out = spec.hf_loss_path, []
+    v = spec.model.transformers_version
+    if v is not None and path == "none":
+        out.append(f"model.transformers_version {v}: the model's forward computes no "
+                   "cross-entropy here (another objective, task or loss), so the release "
+                   "changes nothing the plan counts")
+    elif v is not None:
+        out.append(f"model.transformers_version {v}: the loss path of that release - " + {
+            "fp32-output": "the forward upcasts the logits to fp32 and keeps them in its "
+                           "output, the loss copies the shifted logits (before 4.46)",
+            "shift-copy": "the loss upcasts the logits to fp32 and copies the shifted "
+                          "logits (4.46 to 4.48)",
+            "current": "the installed transformers' (4.49 on: fp32 upcast, labels shifted)",
+        }[path] + "; the rest of the model is the installed transformers' code")
+    if spec.keeps_model_output:
+        out.append("keeps_model_output: the loop's last model output (its logits) alive "
+                   "through the backward and the next micro-batch's forward" +
+                   ("" if path != "none" else " - the loss here returns no logits, so "
+                    "nothing more is kept"))
+    return out
 
 
 def lever_notes(spec: RunSpec) -> list[str]:
@@ -132,19 +157,22 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
     layer_grad = cb * max(m.numel if m.peft_kind == "parameter" else m.numel // m.count_per_layer
                           for m in linears) if spec.method.kind == "full" else 0
     head_grad = lm_head_gradient(spec, s, cb)
+    out = kept_output_bytes(arch, spec, cb, tokens)  # a loop's kept output: every phase
     phases = [
-        Phase.make("forward-end", *states, acc_grads, s.optim, saved + casts_fwd + logits_kept,
+        Phase.make("forward-end", *states, acc_grads, s.optim,
+                   saved + casts_fwd + logits_kept + out,
                    max(logits_fwd, dora, fp8_ws, routing) + s.unsharded, s.buckets),
-        Phase.make("loss-backward", *states, acc_grads, s.optim, saved + casts_bwd + logits_kept,
+        Phase.make("loss-backward", *states, acc_grads, s.optim,
+                   saved + casts_bwd + logits_kept + out,
                    max(logits_transient, layer_bwd) + head_grad + s.unsharded, s.buckets),
         # checkpointed: the last layer recomputed while every layer's input is still kept
-        *([Phase.make("first-recompute", *states, acc_grads, s.optim, saved + layer_ws,
+        *([Phase.make("first-recompute", *states, acc_grads, s.optim, saved + layer_ws + out,
                       layer_grad + layer_tmp, s.buckets)]
           if spec.activation_checkpointing != "none" else []),
-        Phase.make("backward-end", *states, grads, s.optim, layer_ws,
+        Phase.make("backward-end", *states, grads, s.optim, layer_ws + out,
                    cb * largest + layer_tmp + (optim_temp if grads < s.grads else 0),
                    s.buckets),
-        Phase.make("optimizer-step", *states, grads, s.optim, 0, optim_temp, s.buckets),
+        Phase.make("optimizer-step", *states, grads, s.optim, out, optim_temp, s.buckets),
         *([_validation_phase(spec, arch, s, cb, sb)] if spec.validation.enabled else []),
     ]
     phases = objective_phases(spec, arch, phases, states=(*states, acc_grads, s.optim),
@@ -289,6 +317,7 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
                      "activations x 0.8, MODELLED (the trace runs eager; it cannot compile on "
                      "fake tensors)")
     notes += lever_notes(spec)
+    notes += loss_path_notes(spec)
     notes += objective_notes(spec, arch)
     if spec.model.task == "sequence-classification":
         notes.append(f"task sequence-classification: a {spec.model.num_labels}-label head on "
