@@ -126,13 +126,13 @@ ROWS: dict[str, tuple[str, dict, list[str]]] = {
 # layer; a dummy dataset of fixed length; two GPUs.
 AA_LORA = {"lora_rank": 64, "lora_alpha": 16, "lora_dropout": 0.1, "adapter_dtype": "bf16",
            "lora_targets": ["k_proj", "q_proj", "v_proj", "up_proj", "down_proj", "gate_proj"]}
-# Its loop keeps each step's `output` (train.py: `output = model(...)`, `loss = output.loss`,
-# `loss.backward()`), and the benchmarks ran a transformers before 4.46 (the post is dated
-# 2024-05-03, when 4.40 was the newest release; 4.46 came on 2024-10-24): the forward's fp32
-# logits sit in that output.
+# Its loop keeps each step's `output` through the backward and the optimizer step (train.py:
+# `output = model(...)`, `loss = output.loss`, `loss.backward()`, ..., `output = None`), and
+# the benchmarks ran a transformers before 4.46 (the post is dated 2024-05-03, when 4.40 was
+# the newest release; 4.46 came on 2024-10-24): the forward's fp32 logits sit in that output.
 AA = {"precision": "bf16-true", "activation_checkpointing": "full", "sequence_length": 2048,
       "parallel": {"strategy": "fsdp", "devices": 2, "fsdp_version": 1},
-      "keeps_model_output": True, "model_transformers_version": "4.40"}
+      "loop_keeps_output": "through-backward", "model_transformers_version": "4.40"}
 AA_Q = {"kind": "qlora", **AA_LORA, "double_quant": True, "quant_storage": "bf16"}
 AA_L = {"kind": "lora", **AA_LORA}
 AA_OFF = {"strategy": "fsdp", "devices": 2, "fsdp_version": 1, "cpu_offload": True}

@@ -1,5 +1,5 @@
 """An older transformers' loss path (model.transformers_version) and a loop that keeps each
-micro-batch's model output (keeps_model_output): the spec, the training step, both plans."""
+micro-batch's model output (loop_keeps_output): the spec, the training step, both plans."""
 
 from __future__ import annotations
 
@@ -53,20 +53,33 @@ def _outputs(spec):
     from tunepilot.training.step import forward_loss
 
     run = build_run(spec, "cpu", total_steps=1, data=False)
+    torch.manual_seed(0)
     batch = {"input_ids": torch.randint(0, 100, (2, 16)), "labels": torch.randint(0, 100, (2, 16))}
     loss = forward_loss(run.state, batch, spec, None)
     return run.state, loss
 
 
 def test_the_old_path_keeps_fp32_logits_in_the_output_and_gives_the_same_loss():
-    torch.manual_seed(0)
-    now_state, now = _outputs(tiny(seed=3, keeps_model_output=True))
-    old_state, old = _outputs(tiny("4.40", seed=3, keeps_model_output=True))
+    now_state, now = _outputs(tiny(seed=3, loop_keeps_output="through-backward"))
+    old_state, old = _outputs(tiny("4.40", seed=3, loop_keeps_output="through-backward"))
+    mid_state, mid = _outputs(tiny("4.47", seed=3, loop_keeps_output="through-backward"))
     assert now_state.kept_output.logits.dtype == torch.bfloat16
+    assert mid_state.kept_output.logits.dtype == torch.bfloat16
     assert old_state.kept_output.logits.dtype == torch.float32
     assert old.item() == pytest.approx(now.item(), rel=1e-3)
-    old.backward()  # the kept output survives its own backward
-    assert old_state.kept_output.logits.shape[:2] == (2, 16)
+    assert mid.item() == pytest.approx(now.item(), rel=1e-3)
+
+
+@pytest.mark.parametrize("until,after_step", [("through-backward", False),
+                                              ("to-next-forward", True)])
+def test_the_loop_drops_the_output_after_the_step_or_at_the_next_forward(until, after_step):
+    from tunepilot.training.step import backward, update
+
+    state, loss = _outputs(tiny("4.40", seed=3, loop_keeps_output=until))
+    backward(state, loss)
+    assert state.kept_output.logits.shape[:2] == (2, 16)  # alive through its own backward
+    update(state)
+    assert (state.kept_output is not None) is after_step
 
 
 def test_the_loop_without_kept_output_holds_nothing():
@@ -81,9 +94,10 @@ def _plans(spec):
     return analytic, traced_plan_from(spec, raw, analytic, "cuda", arch)
 
 
-def test_a_kept_fp32_output_raises_both_plans_by_about_a_micro_batch_of_fp32_logits():
+@pytest.mark.parametrize("until", ["through-backward", "to-next-forward"])
+def test_a_kept_fp32_output_raises_both_plans_by_about_a_micro_batch_of_fp32_logits(until):
     base = tiny(activation_checkpointing="full")
-    kept = tiny("4.40", activation_checkpointing="full", keeps_model_output=True)
+    kept = tiny("4.40", activation_checkpointing="full", loop_keeps_output=until)
     arch = resolve_arch(base)
     fp32_logits = 4 * arch.vocab_size * base.micro_batch_size * base.sequence_length
     (a0, t0), (a1, t1) = _plans(base), _plans(kept)
@@ -91,5 +105,5 @@ def test_a_kept_fp32_output_raises_both_plans_by_about_a_micro_batch_of_fp32_log
     grew_t = t1.per_device.allocated_peak_bytes - t0.per_device.allocated_peak_bytes
     assert 0.9 * fp32_logits <= grew_a <= 2.1 * fp32_logits
     assert 0.9 * fp32_logits <= grew_t <= 2.1 * fp32_logits
-    assert any("keeps_model_output" in a for a in a1.assumptions)
+    assert any(f"loop_keeps_output {until}" in a for a in a1.assumptions)
     assert any("transformers_version 4.40" in a for a in a1.assumptions)

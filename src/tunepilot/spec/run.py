@@ -296,12 +296,13 @@ class RunSpec(_Strict):
     """each parameter is stepped in its gradient hook and its gradient freed at once
     (torchtune's optimizer_in_bwd): no full set of gradients is ever alive; needs
     gradient_accumulation_steps 1 and no GradScaler"""
-    keeps_model_output: bool = False
-    """the training loop keeps each micro-batch's model output (its logits) until the next
-    micro-batch's forward returns, as `output = model(...); output.loss.backward()` does
-    (AnswerDotAI fsdp_qlora train.py; fms-fsdp before its PR #152, open-instruct before #777):
-    a micro-batch of logits more through the backward and the next forward. HF Trainer and
-    tunepilot's own step keep only the loss."""
+    loop_keeps_output: Literal["none", "through-backward", "to-next-forward"] = "none"
+    """how long the training loop keeps each micro-batch's model output (its logits):
+    none - only the loss (HF Trainer, tunepilot's own step); through-backward - through its
+    backward and the optimizer step, dropped before the next forward (`output = model(...)`,
+    `output.loss.backward()`, `output = None`: AnswerDotAI fsdp_qlora train.py);
+    to-next-forward - until the next micro-batch's forward returns and rebinds it (fms-fsdp
+    before its PR #152, open-instruct before #777)"""
     activation_offloading: bool = False
     """saved activations go to host memory in the forward and come back in the backward
     (torchtune's enable_activation_offloading): the device holds the layers in flight"""
@@ -483,12 +484,12 @@ class RunSpec(_Strict):
     def spec_hash(self) -> str:
         """SHA-256 of the spec's canonical JSON (all resolved fields, without the label and
         the host section, which does not change the training step; the moe block,
-        keeps_model_output and model.transformers_version only where set, so specs written
+        loop_keeps_output and model.transformers_version only where set, so specs written
         before them keep their hash)."""
         data = self.model_dump(mode="json", exclude={"name", "host"} | (
             {"moe"} if self.moe.is_default else set()))
-        if not self.keeps_model_output:
-            del data["keeps_model_output"]
+        if self.loop_keeps_output == "none":
+            del data["loop_keeps_output"]
         if self.model.transformers_version is None:
             del data["model"]["transformers_version"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()

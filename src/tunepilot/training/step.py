@@ -261,7 +261,9 @@ class TrainState:
     rollout: object = None
     """GRPO: the generation batch in use (reused num_iterations times)"""
     kept_output: object = None
-    """keeps_model_output: the last micro-batch's model output, as the run's loop keeps it"""
+    """loop_keeps_output: the last micro-batch's model output, as the run's loop keeps it"""
+    kept_output_until: str = "none"
+    """the spec's loop_keeps_output (update drops a through-backward output after the step)"""
 
 
 def sync(device_type: str) -> None:
@@ -276,9 +278,12 @@ def forward_loss(state: TrainState, batch: Batch, spec: RunSpec, num_items) -> t
     """Forward and loss of one micro-batch under the spec's autocast."""
     dt = next(state.model.parameters()).device.type
     with autocast_context(spec, dt):
-        if spec.keeps_model_output and spec.hf_loss_path != "none":
+        if spec.loop_keeps_output != "none" and spec.hf_loss_path != "none":
+            if spec.loop_keeps_output == "through-backward":
+                state.kept_output = None  # dropped before this forward
             out = model_output(state.model, batch, spec, num_items)
-            state.kept_output = out  # the previous micro-batch's output dies only now
+            state.kept_output = out  # to-next-forward: the previous one dies only now
+            state.kept_output_until = spec.loop_keeps_output
             return out.loss
         return compute_loss(state.model, batch, spec, num_items, state.reference)
 
@@ -303,6 +308,8 @@ def update(state: TrainState) -> torch.Tensor:
         opt.step()
     opt.zero_grad(set_to_none=True)
     state.scheduler.step()
+    if state.kept_output_until == "through-backward":
+        state.kept_output = None  # the loop's `output = None` after the step
     return norm
 
 

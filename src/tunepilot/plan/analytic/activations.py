@@ -327,10 +327,11 @@ def logits_forward_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int
 
 
 def kept_output_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
-    """keeps_model_output: the logits a loop's kept model output holds from its micro-batch's
-    loss through the backward and the next micro-batch's forward - fp32 where the forward
-    upcast them (transformers before 4.46), else the lm_head's 16-bit output."""
-    if not spec.keeps_model_output or spec.hf_loss_path == "none":
+    """loop_keeps_output: the logits a loop's kept model output holds from its micro-batch's
+    loss through the backward and the optimizer step (and the next micro-batch's forward,
+    to-next-forward) - fp32 where the forward upcast them (transformers before 4.46), else
+    the lm_head's 16-bit output."""
+    if spec.loop_keeps_output == "none" or spec.hf_loss_path == "none":
         return 0
     return (4 if spec.hf_loss_path == "fp32-output" else cb) * arch.vocab_size * tokens
 

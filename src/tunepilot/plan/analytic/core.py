@@ -57,7 +57,7 @@ __all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "offload_note", "per_device_f
 
 
 def loss_path_notes(spec: RunSpec) -> list[str]:
-    """What the plan takes from model.transformers_version and keeps_model_output."""
+    """What the plan takes from model.transformers_version and loop_keeps_output."""
     path, out = spec.hf_loss_path, []
     v = spec.model.transformers_version
     if v is not None and path == "none":
@@ -72,9 +72,11 @@ def loss_path_notes(spec: RunSpec) -> list[str]:
                           "logits (4.46 to 4.48)",
             "current": "the installed transformers' (4.49 on: fp32 upcast, labels shifted)",
         }[path] + "; the rest of the model is the installed transformers' code")
-    if spec.keeps_model_output:
-        out.append("keeps_model_output: the loop's last model output (its logits) alive "
-                   "through the backward and the next micro-batch's forward" +
+    if spec.loop_keeps_output != "none":
+        out.append(f"loop_keeps_output {spec.loop_keeps_output}: the loop's model output "
+                   "(its logits) alive through its backward and the optimizer step" +
+                   (" and the next micro-batch's forward"
+                    if spec.loop_keeps_output == "to-next-forward" else "") +
                    ("" if path != "none" else " - the loss here returns no logits, so "
                     "nothing more is kept"))
     return out
@@ -157,10 +159,11 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
     layer_grad = cb * max(m.numel if m.peft_kind == "parameter" else m.numel // m.count_per_layer
                           for m in linears) if spec.method.kind == "full" else 0
     head_grad = lm_head_gradient(spec, s, cb)
-    out = kept_output_bytes(arch, spec, cb, tokens)  # a loop's kept output: every phase
+    out = kept_output_bytes(arch, spec, cb, tokens)  # a loop's kept output, from the loss on
+    prev = out if spec.loop_keeps_output == "to-next-forward" else 0  # and the next forward's
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim,
-                   saved + casts_fwd + logits_kept + out,
+                   saved + casts_fwd + logits_kept + prev,
                    max(logits_fwd, dora, fp8_ws, routing) + s.unsharded, s.buckets),
         Phase.make("loss-backward", *states, acc_grads, s.optim,
                    saved + casts_bwd + logits_kept + out,
@@ -219,7 +222,9 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: States, cb: int, sb: int) ->
         loss = logprob_bytes(arch, spec, cb, rows)["reference"]
     transient = max(mlp, loss) + s.unsharded  # the layers' transients are gone at the loss
     kept = s.grads if s.grads_persistent else 0  # a gradient buffer kept between steps
-    return Phase.make("validation", s.weights, s.master, kept, s.optim, 0, transient,
+    out = kept_output_bytes(arch, spec, cb, spec.micro_batch_size * spec.sequence_length) \
+        if spec.loop_keeps_output == "to-next-forward" else 0  # the last step's output
+    return Phase.make("validation", s.weights, s.master, kept, s.optim, out, transient,
                       s.buckets)
 
 
