@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,11 +64,19 @@ class ModelSpec(_Strict):
     """sequence-classification: the number of classes"""
     rope_scaling: float | None = Field(default=None, gt=1, le=1024, allow_inf_nan=False)
     """linear RoPE scaling factor (position interpolation): the context x this (model/context.py)"""
-    transformers_version: str | None = Field(default=None, max_length=40,
-                                             pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?[0-9A-Za-z.+-]*$")
+    transformers_version: str | None = Field(default=None, max_length=40)
     """the transformers release the run trains with, where it is older than the installed one:
     it decides the causal LM's loss path (spec.run hf_loss_path). The model's other code is
     planned from the installed transformers."""
+
+    @field_validator("transformers_version")
+    @classmethod
+    def _release(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9]+\.[0-9]+(\.[0-9]+)?[0-9A-Za-z.+-]*", v):
+            raise ValueError(f"{v!r} is not a release number: write the transformers release "
+                             "the run trains with, such as '4.40.2' (pip show transformers), "
+                             "or leave it out for the installed one")
+        return v
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
