@@ -65,3 +65,16 @@ def test_runtime_yaml_quotes_the_error_the_reserve_replay_prints(clone):
     stated = re.search(r"\(([+-][\d.]+%), [+-][\d.]+%, [+-][\d.]+%:\s+benchmarks/reserve_replay",
                        text)
     assert stated and stated.group(1) == first, (first, stated and stated.group(0))
+
+
+def test_an_open_sample_length_explains_only_a_plan_above_the_figure():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import plan_accuracy as pa
+    finally:
+        sys.path.pop(0)
+    row = {"unmodelled": [pa.MAX_LEN]}
+    assert pa.open_setting_explains(dict(row, e=+0.13), "e")  # shorter samples: a lower figure
+    assert not pa.open_setting_explains(dict(row, e=-0.12), "e")  # the longest is still low
+    assert pa.open_setting_explains({"unmodelled": ["the vision tower"], "e": -0.2}, "e")
+    assert not pa.open_setting_explains({"unmodelled": [], "e": +0.2}, "e")
