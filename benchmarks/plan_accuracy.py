@@ -181,15 +181,6 @@ WHY: dict[str, str] = {
           "row, where the plan has 2.7; and the config's PagedAdamW8bit keeps its state in "
           "managed memory that active_bytes does not count, so which optimizer the row ran is "
           "open",
-    "aa10": "FSDP1 CPU offload on a run sized to fill its 24 GB card: the published reserve "
-            "(22.98 GiB) sits at the card's limit; offloaded rows run low (-1% to -17%) where "
-            "the same setups without offload are within 10%: CPUOffload's device copies (each "
-            "unit's shard copied in at every unshard, gradients staged out) are placed by role, "
-            "not traced - the trace runs on one device type",
-    "aa11": "FSDP1 CPU offload, as aa10: the 70B's 80 layers unshard twice per step, the most "
-            "shard copies of any row; not isolated further without an offloaded run to measure",
-    "aa12": "FSDP1 CPU offload on a run sized to fill its 24 GB card (22.69 GiB published), as "
-            "aa10",
 }
 WHY.update(WHY_2026)
 
