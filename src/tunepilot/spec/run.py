@@ -424,8 +424,8 @@ class RunSpec(_Strict):
         model.transformers_version (the installed release's when unset):
 
           current      the loss function upcasts the logits to fp32 and shifts the labels
-                       (transformers >= 4.49: PR #35646, merged 2025-01-13); the output keeps the
-                       16-bit logits
+                       (taken as 4.49 on: PR #35646, merged 2025-01-13, after 4.48.0 of
+                       2025-01-10); the output keeps the 16-bit logits
           shift-copy   the loss function's fp32 upcast and a contiguous copy of the shifted
                        logits (4.46 to 4.48: loss_utils ForCausalLMLoss)
           fp32-output  the forward upcasts the logits to fp32 and keeps them in its output, and
