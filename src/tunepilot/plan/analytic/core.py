@@ -108,14 +108,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
     # context parallel's ring and sequence parallel's gathered input, in a layer's working set
     parallel_ws = ring_bytes(spec, arch, cb, tokens) + sequence_parallel_bytes(spec, arch, cb,
                                                                                tokens)
-    casts_fwd = casts_bwd = 0
-    if spec.precision.mixed and (spec.method.kind == "full" or spec.frozen_base_dtype == "fp32"):
-        # autocast casts each fp32 weight to 16 bit per matmul and caches the trainable ones
-        # until the forward ends; autograd saves the casts for the input gradients - unless the
-        # layer is checkpointed, then only lm_head's (outside the checkpointed layers) survives.
-        casts_fwd = 2 * (s.linear_weights + s.lm_head_weights) // shard
-        casts_bwd = casts_fwd if spec.activation_checkpointing == "none" else \
-            2 * s.lm_head_weights // shard
+    casts_fwd, casts_bwd = _autocast_casts(spec, s, shard)
     fp8_ws = 0
     if spec.precision.is_fp8:  # FP8's casts, saves, working set, all-gather (analytic/fp8.py)
         from tunepilot.plan.analytic.fp8 import fp8_terms
@@ -182,6 +175,19 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
                               saved_and_kept=saved + casts_fwd + logits_kept, no_grad=no_grad,
                               cb=cb, unsharded=s.unsharded, buckets=s.buckets)
     return phases, largest
+
+
+def _autocast_casts(spec: RunSpec, s, shard: int) -> tuple[int, int]:
+    """The 16-bit weight casts alive at the forward's end and in the loss backward: autocast
+    casts each fp32 weight to 16 bit per matmul and caches the trainable ones until the forward
+    ends; autograd saves the casts for the input gradients - unless the layer is checkpointed,
+    then only lm_head's (outside the checkpointed layers) survives."""
+    if not (spec.precision.mixed
+            and (spec.method.kind == "full" or spec.frozen_base_dtype == "fp32")):
+        return 0, 0
+    fwd = 2 * (s.linear_weights + s.lm_head_weights) // shard
+    return fwd, (fwd if spec.activation_checkpointing == "none"
+                 else 2 * s.lm_head_weights // shard)
 
 
 def lm_head_gradient(spec: RunSpec, s, cb: int) -> int:
