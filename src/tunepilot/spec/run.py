@@ -446,6 +446,12 @@ class RunSpec(_Strict):
         return "shift-copy" if (major, minor) < (4, 49) else "current"
 
     @property
+    def output_kept(self) -> str:
+        """loop_keeps_output where the model's forward returns logits to keep (hf_loss_path is
+        not "none"), else "none": what the step and the plan keep."""
+        return self.loop_keeps_output if self.hf_loss_path != "none" else "none"
+
+    @property
     def litgpt_loss(self) -> bool:
         """LitGPT's chunked_cross_entropy: every 128-position chunk kept (training.litgpt_loss)."""
         return self.model.implementation == "litgpt" and self.model.task == "causal-lm"

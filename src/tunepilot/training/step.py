@@ -278,12 +278,12 @@ def forward_loss(state: TrainState, batch: Batch, spec: RunSpec, num_items) -> t
     """Forward and loss of one micro-batch under the spec's autocast."""
     dt = next(state.model.parameters()).device.type
     with autocast_context(spec, dt):
-        if spec.loop_keeps_output != "none" and spec.hf_loss_path != "none":
-            if spec.loop_keeps_output == "through-backward":
+        if spec.output_kept != "none":
+            if spec.output_kept == "through-backward":
                 state.kept_output = None  # dropped before this forward
             out = model_output(state.model, batch, spec, num_items)
             state.kept_output = out  # to-next-forward: the previous one dies only now
-            state.kept_output_until = spec.loop_keeps_output
+            state.kept_output_until = spec.output_kept
             return out.loss
         return compute_loss(state.model, batch, spec, num_items, state.reference)
 

@@ -331,7 +331,7 @@ def kept_output_bytes(arch: Arch, spec: RunSpec, cb: int, tokens: int) -> int:
     loss through the backward and the optimizer step (and the next micro-batch's forward,
     to-next-forward) - fp32 where the forward upcast them (transformers before 4.46), else
     the lm_head's 16-bit output."""
-    if spec.loop_keeps_output == "none" or spec.hf_loss_path == "none":
+    if spec.output_kept == "none":
         return 0
     return (4 if spec.hf_loss_path == "fp32-output" else cb) * arch.vocab_size * tokens
 

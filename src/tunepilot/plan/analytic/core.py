@@ -153,7 +153,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
                           for m in linears) if spec.method.kind == "full" else 0
     head_grad = lm_head_gradient(spec, s, cb)
     out = kept_output_bytes(arch, spec, cb, tokens)  # a loop's kept output, from the loss on
-    prev = out if spec.loop_keeps_output == "to-next-forward" else 0  # and the next forward's
+    prev = out if spec.output_kept == "to-next-forward" else 0  # and the next forward's
     phases = [
         Phase.make("forward-end", *states, acc_grads, s.optim,
                    saved + casts_fwd + logits_kept + prev,
@@ -228,8 +228,8 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: States, cb: int, sb: int) ->
         loss = logprob_bytes(arch, spec, cb, rows)["reference"]
     transient = max(mlp, loss) + s.unsharded  # the layers' transients are gone at the loss
     kept = s.grads if s.grads_persistent else 0  # a gradient buffer kept between steps
-    out = kept_output_bytes(arch, spec, cb, spec.micro_batch_size * spec.sequence_length) \
-        if spec.loop_keeps_output == "to-next-forward" else 0  # the last step's output
+    out = kept_output_bytes(arch, spec, cb, spec.batch.positions_per_micro_batch) \
+        if spec.output_kept == "to-next-forward" else 0  # the last step's output
     return Phase.make("validation", s.weights, s.master, kept, s.optim, out, transient,
                       s.buckets)
 
