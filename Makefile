@@ -8,14 +8,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 # The CPU build of torch, pinned for the test/CI set-up only (the package itself does not pin torch).
 TORCH_CPU := torch==2.13.0
+# No wheel cache: the set-up writes each wheel once, into the venv (a CI disk once ran out
+# during this install with the cache beside it).
+PIP_INSTALL := -m pip install -q --no-cache-dir
 
 .PHONY: venv skyvenv browser demo test check floor lint bench clean
 
 $(BIN)/tunepilot: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(TORCH_CPU)
-	$(BIN)/python -m pip install -q -e ".[torch,dev,data,hf,trl,lightning]"
+	$(BIN)/python $(PIP_INSTALL) --upgrade pip
+	$(BIN)/python $(PIP_INSTALL) $(TORCH_CPU)
+	$(BIN)/python $(PIP_INSTALL) -e ".[torch,dev,data,hf,trl,lightning]"
 	@# byte code for the editable sources, as a wheel install writes it: with
 	@# PYTHONDONTWRITEBYTECODE set, every start-up would compile them again (0.1 s of CPU)
 	$(BIN)/python -m compileall -q src/tunepilot >/dev/null
@@ -28,8 +31,8 @@ venv: $(BIN)/tunepilot
 SKY := .venv-sky
 $(SKY)/bin/sky:
 	$(PY) -m venv $(SKY)
-	$(SKY)/bin/python -m pip install -q --upgrade pip
-	$(SKY)/bin/python -m pip install -q "skypilot==0.14.1"
+	$(SKY)/bin/python $(PIP_INSTALL) --upgrade pip
+	$(SKY)/bin/python $(PIP_INSTALL) "skypilot==0.14.1"
 	@touch $@
 
 skyvenv: $(SKY)/bin/sky
@@ -64,10 +67,10 @@ FLOOR_TESTS := tests/test_floors.py tests/test_kto_reward.py tests/test_scale_ob
 	tests/test_objective_steps.py::test_grpo_step_generates_then_updates_the_policy
 $(FLOOR)/bin/tunepilot: pyproject.toml scripts/floors.py
 	$(PY) -m venv $(FLOOR)
-	$(FLOOR)/bin/python -m pip install -q --upgrade pip
+	$(FLOOR)/bin/python $(PIP_INSTALL) --upgrade pip
 	$(PY) scripts/floors.py | tr ' ' '\n' > $(FLOOR)/floors.txt
-	$(FLOOR)/bin/python -m pip install -q -c $(FLOOR)/floors.txt -r $(FLOOR)/floors.txt
-	$(FLOOR)/bin/python -m pip install -q -c $(FLOOR)/floors.txt -e ".[torch,dev]"
+	$(FLOOR)/bin/python $(PIP_INSTALL) -c $(FLOOR)/floors.txt -r $(FLOOR)/floors.txt
+	$(FLOOR)/bin/python $(PIP_INSTALL) -c $(FLOOR)/floors.txt -e ".[torch,dev]"
 	@touch $@
 
 floor: $(FLOOR)/bin/tunepilot
