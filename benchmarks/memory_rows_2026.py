@@ -58,6 +58,12 @@ TT = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 
       "micro_batch_size": 2, "activation_checkpointing": "selective-op",
       "optimizer": {"name": "adamw", "impl": "fused"}, "model_implementation": "torchtitan"}
 MAX_LEN = "peak sample length not published (planned at max_length 2048)"
+# The Megatron scripts whose figure first appeared with PYTORCH_CUDA_ALLOC_CONF=
+# 'expandable_segments:True' in the same file (ms-swift ea766ff5, 2025-07-10: lora/dense.sh and
+# lora/moe.sh). ms5's figure (base_to_chat.sh, 9d297f99, 2025-03-21) and ms8's
+# (moe/qwen3_moe_offload.sh, 5712d6af, 2025-06-30) were written before their scripts set it
+# (5df8180f, 2025-07-03, added it to both, the comments unchanged): planned without.
+EXPANDABLE = {"allocator": {"expandable_segments": True}}
 # transformers < 5 ran routed experts as a Python loop over the experts a batch hits (per-expert
 # modules, gpt-oss's training path, axolotl's linearized Llama 4 experts)
 LOOP = {"implementation": "eager"}
@@ -110,16 +116,16 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                             "deepspeed": {"stage": 1,
                                                           "offload_optimizer": "cpu"}}),
             []),
-    "ms9": ("qwen3-30b-a3b", dict(SWIFT, method=SWIFT_LORA, micro_batch_size=8,
+    "ms9": ("qwen3-30b-a3b", dict(SWIFT, **EXPANDABLE, method=SWIFT_LORA, micro_batch_size=8,
                                   kernels=FLASH, model_implementation="megatron",
                                   parallel={"strategy": "ddp", "devices": 2, "expert": 2}),
             [MAX_LEN]),
-    "ms10": ("qwen2.5-7b", dict(SWIFT, method={"kind": "full"}, micro_batch_size=16,
+    "ms10": ("qwen2.5-7b", dict(SWIFT, **EXPANDABLE, method={"kind": "full"}, micro_batch_size=16,
                                 kernels=FLASH, model_implementation="megatron",
                                 parallel={"strategy": "deepspeed", "devices": 2, "tensor": 2,
                                           "sequence_parallel": True,
                                           "deepspeed": {"stage": 1}}), [MAX_LEN]),
-    "ms11": ("qwen2.5-7b", dict(SWIFT, method=SWIFT_LORA, micro_batch_size=16, kernels=FLASH,
+    "ms11": ("qwen2.5-7b", dict(SWIFT, **EXPANDABLE, method=SWIFT_LORA, micro_batch_size=16, kernels=FLASH,
                                 model_implementation="megatron",
                                 parallel={"strategy": "ddp", "devices": 2, "tensor": 2,
                                           "sequence_parallel": True}), [MAX_LEN]),

@@ -94,7 +94,8 @@ def calibrate(plan: MemoryPlan, cal: Calibration, arch: Arch | None = None) -> M
     load_peak = d.load_peak_bytes
     allocated = max(allocated, load_peak)
     d.allocated_peak_bytes = allocated
-    d.reserved_peak_bytes = int(allocated * (1 + slack))
+    held = max(allocated, peak.total_bytes + d.load_stranded_bytes)  # megatron_load.py
+    d.reserved_peak_bytes = int(held * (1 + slack))
     d.runtime_overhead_bytes = overhead
     d.device_peak_bytes = d.reserved_peak_bytes + overhead
     out.peak_phase = peak.name if load_peak <= peak.total_bytes else "model-load"

@@ -92,6 +92,9 @@ class PerDevice(Model):
     device_peak_bytes: int
     """reserved + runtime: what NVML reports"""
     load_peak_bytes: int
+    load_stranded_bytes: int = 0
+    """blocks the model load freed that the caching allocator keeps and the step cannot reuse
+    (reserved beside the step)"""
 
 
 class DevicesNeeded(Model):

@@ -31,6 +31,7 @@ from tunepilot.plan.analytic.activations import (
     precision_bytes,
     saved_activations,
 )
+from tunepilot.plan.analytic.megatron_load import megatron_load, megatron_load_note
 from tunepilot.plan.analytic.parallel import (
     offload_note,
     parallelize,
@@ -262,17 +263,22 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
     shard = spec.parallel.state_shards
     s.notes = view.notes + s.notes
     phases, largest = _timeline(step, view.step_arch, s)
-    load_peak = _load_peak(spec, counts, s, largest, shard)
+    expandable = expandable_segments(spec, stack)
+    load_peak, stranded = _load_peak(spec, counts, s, largest, shard), 0
+    if spec.model.implementation == "megatron":
+        load_peak, stranded = megatron_load(spec, view.states_arch, step, counts, s,
+                                            expandable=expandable)
+        s.notes.append(megatron_load_note(spec, load_peak, stranded))
     peak = max(phases, key=lambda p: p.total_bytes)
     notes = s.notes + _notes(spec, arch, stack, load_peak > peak.total_bytes)
-    expandable = expandable_segments(spec, stack)
     notes.append(reserve_note(varied_shapes(spec), replayed=False, expandable=expandable,
                               asked_unsupported=stack if spec.allocator.expandable_segments
                               and not expandable else None))
     return MemoryPlan(
         fidelity="analytic", params=params,
         per_device=per_device_figures(phases, s.buckets, stack, N, load_peak,
-                                      varied=varied_shapes(spec), expandable=expandable),
+                                      varied=varied_shapes(spec), expandable=expandable,
+                                      stranded_bytes=stranded),
         phases=phases,
         peak_phase=peak.name if load_peak <= peak.total_bytes else "model-load",
         bytes_per_param=_bytes_per_param(
@@ -371,13 +377,15 @@ def workspace_bytes(stack: str) -> int:
 
 def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size: int,
                        load_peak: int = 0, *, replay_slack_bytes: int | None = None,
-                       varied: bool = False, expandable: bool = False) -> PerDevice:
+                       varied: bool = False, expandable: bool = False,
+                       stranded_bytes: int = 0) -> PerDevice:
     """The per_device block shared by the analytic and the traced plan: each component's largest
     size over the timeline; the allocated peak (the largest phase, or the model load when that
     is larger, plus the library workspaces taken from the caching allocator); the reserved peak
     (plan/reserve/core.py: the traced replay's slack, else the measured fixed-shape slack, plus the
-    varied-shapes term); the runtime outside the allocator (context, and the collective
-    library's buffers when world_size > 1)."""
+    varied-shapes term), over the blocks the model load left cached that the step cannot reuse
+    (`stranded_bytes`: plan/analytic/megatron_load.py); the runtime outside the allocator
+    (context, and the collective library's buffers when world_size > 1)."""
     from tunepilot.plan.reserve.core import reserve
 
     rt = runtime_constants()
@@ -385,7 +393,8 @@ def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size
     peak = max(phases, key=lambda p: p.total_bytes)
     allocated = max(peak.total_bytes, load_peak) + workspace_bytes(stack)
     transient = peak.total_bytes - peak.states_bytes
-    reserved = reserve(allocated, transient, replay_slack_bytes=replay_slack_bytes,
+    held = max(allocated, peak.total_bytes + stranded_bytes + workspace_bytes(stack))
+    reserved = reserve(held, transient, replay_slack_bytes=replay_slack_bytes,
                        varied=varied, expandable=expandable).reserved_bytes
     overhead = st["context_bytes"]
     if world_size > 1:
@@ -400,7 +409,8 @@ def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size
         activations_bytes=largest("activations"), temporary_bytes=largest("temporary"),
         collective_buffers_bytes=buckets, allocated_peak_bytes=allocated,
         reserved_peak_bytes=reserved, runtime_overhead_bytes=overhead,
-        device_peak_bytes=reserved + overhead, load_peak_bytes=load_peak)
+        device_peak_bytes=reserved + overhead, load_peak_bytes=load_peak,
+        load_stranded_bytes=stranded_bytes)
 
 
 def _load_peak(spec: RunSpec, counts: ParamCounts, s: States, largest_weight: int,

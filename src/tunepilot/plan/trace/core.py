@@ -278,7 +278,8 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
                                     a.reserved_peak_bytes) - a.allocated_peak_bytes
     per_device = per_device_figures(phases, buckets, stack, N, load_peak,
                                     replay_slack_bytes=slack, varied=varied_shapes(spec),
-                                    expandable=expandable)
+                                    expandable=expandable,
+                                    stranded_bytes=analytic.per_device.load_stranded_bytes)
     if load_peak > peak.total_bytes:
         notes.append("loading the model sets the peak, not the training step (load peak from "
                      "the analytic plan; loading is not traced)")
@@ -468,17 +469,18 @@ def scaled_planner(traced: MemoryPlan, analytic: MemoryPlan):
 
     def planner(spec: RunSpec, arch: Arch, stack: str) -> MemoryPlan:
         a = analytic_plan(spec, arch, stack)
-        allocated = max(int(_states(ph) * r_states + _rest(ph) * (r_opt if _is_opt(ph) else r_act))
-                        for ph in a.phases)
+        step = max(int(_states(ph) * r_states + _rest(ph) * (r_opt if _is_opt(ph) else r_act))
+                   for ph in a.phases)
         d = a.per_device
         workspace = d.allocated_peak_bytes - max(max(p.total_bytes for p in a.phases),
                                                  d.load_peak_bytes)
-        allocated = max(allocated, d.load_peak_bytes) + workspace
+        allocated = max(step, d.load_peak_bytes) + workspace
         a_peak = max(a.phases, key=lambda p: p.total_bytes)
         transient = int((a_peak.total_bytes - a_peak.states_bytes) * r_act)
         d.allocated_peak_bytes = allocated
+        held = max(allocated, step + d.load_stranded_bytes + workspace)  # megatron_load.py
         d.reserved_peak_bytes = reserve(
-            allocated, transient, varied=varied_shapes(spec),
+            held, transient, varied=varied_shapes(spec),
             expandable=expandable_segments(spec, stack)).reserved_bytes
         d.device_peak_bytes = d.reserved_peak_bytes + d.runtime_overhead_bytes
         return a
