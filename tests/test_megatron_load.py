@@ -40,6 +40,7 @@ def test_the_param_buffer_copy_sets_the_load_peak_when_the_optimizer_is_offloade
     assert d.load_peak_bytes > max(p.total_bytes for p in plan.phases)
     assert plan.peak_phase == "model-load"
     assert any("param buffer" in a for a in plan.assumptions)
+    assert any("sets the peak" in a and "Megatron's DDP copying" in a for a in plan.assumptions)
 
 
 def test_first_copies_smaller_than_an_activation_stay_reserved_beside_the_step():

@@ -37,6 +37,10 @@ def render_plan(plan: MemoryPlan, spec, headroom: float) -> None:
         f"[bold]device peak {fmt_bytes(d.device_peak_bytes)}[/bold]  ({kind})")
     if plan.peak_phase == "model-load":
         console.print(f"model load peak {fmt_bytes(d.load_peak_bytes)} sets the peak")
+    if d.load_stranded_bytes:
+        console.print(f"the model load leaves {fmt_bytes(d.load_stranded_bytes)} cached in blocks "
+                      "the step cannot reuse (in the reserved peak; expandable segments would "
+                      "reuse them)")
     _fit(plan, headroom)
     if plan.host is not None:
         _host(plan)

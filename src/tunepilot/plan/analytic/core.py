@@ -294,8 +294,13 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
         notes.append(f"gradient accumulation ({spec.gradient_accumulation_steps} micro-batches): "
                      "gradients of earlier micro-batches stay alive through later forwards")
     if load_sets_peak:
-        notes.append("loading the model sets the peak, not the training step "
-                     "(bf16 base loaded before quantization: method.quantize_on_load: false)")
+        why = ("Megatron's DDP copying the parameters into its buffers"
+               if spec.model.implementation == "megatron" else
+               "bf16 base loaded before quantization: method.quantize_on_load: false"
+               if spec.method.kind == "qlora" and not spec.method.quantize_on_load else
+               "the weights as they load - the whole model on every rank, or a unit at a "
+               "time under FSDP and ZeRO-3 - and a second copy of the largest tensor or unit")
+        notes.append(f"loading the model sets the peak, not the training step ({why})")
     if not arch.known_layout:
         notes.append(f"model_type {arch.model_type!r} has no known layer layout: parameter "
                      "counts are a llama-style estimate (use plan --trace for the real model)")
