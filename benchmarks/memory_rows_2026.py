@@ -20,8 +20,9 @@ is made here once, before planning, and said:
 
 from __future__ import annotations
 
-# ms-swift swift/llm/ds_config/zero2.json @054575c6: overlap_comm, 2e8-element buckets, its own
-# AdamW block (DeepSpeed's FusedAdam: no step temporary)
+# ms-swift swift/llm/ds_config/zero2.json @054575c6: overlap_comm, 2e8-element buckets (its
+# "optimizer" block, DeepSpeed's FusedAdam, went in e471074f on 2024-12-26: HF Trainer's AdamW
+# after that; overlap_comm false from e5c4c39e, 2025-03-24)
 SWIFT_Z2 = {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 200_000_000,
             "allgather_bucket_size": 200_000_000, "contiguous_gradients": True}
 # ms-swift zero3.json @35992c1c: overlap_comm, HF's auto buckets, 1e9 live / reuse / sub-group
@@ -29,12 +30,22 @@ SWIFT_Z3 = {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto",
             "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
             "stage3_max_live_parameters": 1_000_000_000,
             "stage3_max_reuse_distance": 1_000_000_000, "sub_group_size": 1_000_000_000}
+# the same file from e5c4c39e (2025-03-24) to the v4 refactor (67ae6076, 2026-01-14): overlap_comm
+# false - what ms2's (2025-06-19) and ms6's (2025-04-29) figures ran with
+SWIFT_Z3_2025 = dict(SWIFT_Z3, overlap_comm=False)
+# HF Trainer's default optim, adamw_torch: torch's AdamW with its foreach default (one sub-group-
+# or parameter-sized temporary at the step). transformers defaults to adamw_torch_fused only on
+# PyTorch >= 2.8 (PR #37358, merged 2025-07), after every ms-swift figure here.
+HF_ADAMW = {"name": "adamw", "impl": "foreach"}
+# DeepSpeed's FusedAdam (a ds_config "optimizer" block: ms-swift's zero2/zero3.json before
+# e471074f, 2024-12-26) and Megatron's fused Adam: no step temporary
+FUSED_ADAMW = {"name": "adamw", "impl": "fused"}
 # accelerate's DeepSpeed plugin through the HF integration (PEFT's ZeRO-3 example): auto buckets
 HF_Z3 = {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
          "stage3_param_persistence_threshold": "auto"}
 SWIFT_LORA = {"kind": "lora", "lora_rank": 8, "lora_alpha": 32, "lora_targets": "all-linear"}
-SWIFT = {"precision": "bf16-mixed", "activation_checkpointing": "full",
-         "optimizer": {"name": "adamw", "impl": "fused"}}
+SWIFT = {"precision": "bf16-mixed", "activation_checkpointing": "full", "optimizer": HF_ADAMW}
+MEGATRON = {"model_implementation": "megatron", "optimizer": FUSED_ADAMW}
 FLASH = {"attention": "flash-attention-2"}
 LIGER = {"attention": "flash-attention-2",
          "liger": ["rms_norm", "swiglu", "rope", "fused_linear_cross_entropy"]}
@@ -89,7 +100,7 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
     "ms2": ("qwen3-8b", dict(SWIFT, method={"kind": "full"}, sequence_length=8192,
                              gradient_accumulation_steps=4, kernels=LIGER,
                              parallel={"strategy": "deepspeed", "devices": 4,
-                                       "deepspeed": SWIFT_Z3}), []),
+                                       "deepspeed": SWIFT_Z3_2025}), []),
     "ms3": ("qwen2.5-14b", dict(SWIFT, method={"kind": "full"}, sequence_length=8192,
                                 gradient_accumulation_steps=2, kernels=FLASH,
                                 parallel={"strategy": "deepspeed", "devices": 8,
@@ -102,37 +113,37 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                 # Megatron's selective recompute is of the core attention,
                                 # which its flash backend keeps no scores of: nothing saved less
                                 activation_checkpointing="none", kernels=FLASH,
-                                model_implementation="megatron",
+                                **MEGATRON,
                                 parallel={"strategy": "deepspeed", "devices": 8, "tensor": 4,
                                           "sequence_parallel": True,
                                           "deepspeed": {"stage": 1}}), []),
     "ms6": ("qwen3-30b-a3b", dict(SWIFT, method={"kind": "full"}, sequence_length=8192,
                                   kernels=FLASH, moe=LOOP, parallel={"strategy": "deepspeed",
                                                            "devices": 8, "nodes": 2,
-                                                           "deepspeed": SWIFT_Z3}), []),
+                                                           "deepspeed": SWIFT_Z3_2025}), []),
     "ms8": ("qwen3-30b-a3b", dict(SWIFT, method={"kind": "full"}, sequence_length=8192,
-                                  kernels=FLASH, model_implementation="megatron",
+                                  kernels=FLASH, **MEGATRON,
                                   parallel={"strategy": "deepspeed", "devices": 4, "expert": 4,
                                             "deepspeed": {"stage": 1,
                                                           "offload_optimizer": "cpu"}}),
             []),
     "ms9": ("qwen3-30b-a3b", dict(SWIFT, **EXPANDABLE, method=SWIFT_LORA, micro_batch_size=8,
-                                  kernels=FLASH, model_implementation="megatron",
+                                  kernels=FLASH, **MEGATRON,
                                   parallel={"strategy": "ddp", "devices": 2, "expert": 2}),
             [MAX_LEN]),
     "ms10": ("qwen2.5-7b", dict(SWIFT, **EXPANDABLE, method={"kind": "full"}, micro_batch_size=16,
-                                kernels=FLASH, model_implementation="megatron",
+                                kernels=FLASH, **MEGATRON,
                                 parallel={"strategy": "deepspeed", "devices": 2, "tensor": 2,
                                           "sequence_parallel": True,
                                           "deepspeed": {"stage": 1}}), [MAX_LEN]),
     "ms11": ("qwen2.5-7b", dict(SWIFT, **EXPANDABLE, method=SWIFT_LORA, micro_batch_size=16, kernels=FLASH,
-                                model_implementation="megatron",
+                                **MEGATRON,
                                 parallel={"strategy": "ddp", "devices": 2, "tensor": 2,
                                           "sequence_parallel": True}), [MAX_LEN]),
-    "ms12": ("qwen2.5-7b", dict(SWIFT, method=SWIFT_LORA,
+    "ms12": ("qwen2.5-7b", dict(SWIFT, method=SWIFT_LORA, optimizer=FUSED_ADAMW,
                                 parallel={"strategy": "deepspeed", "devices": 2,
                                           "deepspeed": SWIFT_Z2}), [MAX_LEN]),
-    "ms13": ("qwen2.5-7b", dict(SWIFT, method=SWIFT_LORA,
+    "ms13": ("qwen2.5-7b", dict(SWIFT, method=SWIFT_LORA, optimizer=FUSED_ADAMW,
                                 parallel={"strategy": "deepspeed", "devices": 2,
                                           "deepspeed": SWIFT_Z3}), [MAX_LEN]),
     "ms14": ("gpt-oss-20b", dict(SWIFT, method=dict(GPT_OSS_ATTN, lora_alpha=32)), [MAX_LEN]),
