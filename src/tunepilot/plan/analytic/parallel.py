@@ -28,8 +28,10 @@ computes under tensor, sequence and context parallel. Pure arithmetic, no torch.
                   whole; while it computes a rank holds the gathered parameters: at most
                   stage3_max_live_parameters, the layers reused within stage3_max_reuse_distance
                   (the last layers of the forward, used again at once by the backward), the
-                  prefetch bucket and the module in use; the fp32 gradient of one sub_group_size
-                  slice at a time at the step; the 16-bit gradient partition is one buffer
+                  prefetch bucket and the module in use; the step takes one sub_group_size
+                  slice at a time (_optimizer_step hands the optimizer that slice's fp32
+                  partition): its fp32 gradient and the optimizer's temporaries are that slice's;
+                  the 16-bit gradient partition is one buffer
                   kept through every phase (grad_partitions_flat_buffer)
       model.implementation megatron: Megatron-LM's optimizer in these terms - stage 1 its
       distributed optimizer, stage 0 without - with its fp32 main-grad buffer whole and kept
@@ -240,8 +242,11 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
         master, optim, temp, step_grads = master // N, optim // N, temp // N, step_grads // N
     if stage >= 2:
         grads //= N
-    if stage == 3:
+    if stage == 3:  # stage3.py steps one sub_group_size slice of the partition at a time:
+        # its fp32 gradient and the optimizer's temporaries (a foreach AdamW's) are that slice's
+        part = max(1, t // N)
         step_grads = min(step_grads, 4 * ds.sub_group_size)
+        temp = temp * min(part, ds.sub_group_size) // part
     h = arch.hidden_size
     bucket = ds.elements("reduce_bucket_size", h) * b16
     if stage == 0:
