@@ -450,3 +450,19 @@ def test_a_gradient_larger_than_the_bucket_stays_whole_until_reduced():
                                          "deepspeed": {"stage": 1}})
     out1, *_ = zero_on_trace(stage1, arch, raw, phases)
     assert out1[0]["temporary"] == out1[1]["temporary"]  # whole gradients: nothing in flight
+
+
+def test_zero3_steps_one_sub_group_at_a_time_temporaries_included():
+    # stage3.py _optimizer_step hands the optimizer one sub_group_size slice of the fp32
+    # partition: a foreach AdamW's temporary, like the slice's fp32 gradient, is that slice's
+    def step_temp(sub_group: int) -> int:
+        _, plan = _plan({"strategy": "deepspeed", "devices": 2,
+                         "deepspeed": {"stage": 3, "sub_group_size": sub_group}},
+                        optimizer={"name": "adamw", "impl": "foreach"})
+        return _phase(plan, "optimizer-step").temporary_bytes
+
+    # Llama-3.2-1B over 2 ranks: a partition of ~0.62e9 elements, stepped whole or in 1e8 slices
+    whole, slice_ = step_temp(10**10), step_temp(10**8)
+    # fp32 gradient + one fp32 temporary: 8 B per element of the slice
+    assert slice_ == pytest.approx(8 * 10**8, rel=0.05)
+    assert whole > 5 * slice_
