@@ -26,6 +26,7 @@ from tunepilot.errors import UserError
 from tunepilot.model.arch import Arch
 from tunepilot.plan.analytic.core import analytic_plan, runtime_constants
 from tunepilot.plan.fit import Planner
+from tunepilot.plan.reserve.core import held_bytes
 from tunepilot.results.plan import MemoryPlan
 from tunepilot.spec import RunSpec
 
@@ -94,8 +95,8 @@ def calibrate(plan: MemoryPlan, cal: Calibration, arch: Arch | None = None) -> M
     load_peak = d.load_peak_bytes
     allocated = max(allocated, load_peak)
     d.allocated_peak_bytes = allocated
-    held = max(allocated, peak.total_bytes + d.load_stranded_bytes)  # megatron_load.py
-    d.reserved_peak_bytes = int(held * (1 + slack))
+    d.reserved_peak_bytes = int(held_bytes(allocated, peak.total_bytes, d.load_stranded_bytes)
+                                * (1 + slack))
     d.runtime_overhead_bytes = overhead
     d.device_peak_bytes = d.reserved_peak_bytes + overhead
     out.peak_phase = peak.name if load_peak <= peak.total_bytes else "model-load"

@@ -264,11 +264,12 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
     s.notes = view.notes + s.notes
     phases, largest = _timeline(step, view.step_arch, s)
     expandable = expandable_segments(spec, stack)
-    load_peak, stranded = _load_peak(spec, counts, s, largest, shard), 0
     if spec.model.implementation == "megatron":
         load_peak, stranded = megatron_load(spec, view.states_arch, step, counts, s,
                                             expandable=expandable)
         s.notes.append(megatron_load_note(spec, load_peak, stranded))
+    else:
+        load_peak, stranded = _load_peak(spec, counts, s, largest, shard), 0
     peak = max(phases, key=lambda p: p.total_bytes)
     notes = s.notes + _notes(spec, arch, stack, load_peak > peak.total_bytes)
     notes.append(reserve_note(varied_shapes(spec), replayed=False, expandable=expandable,
@@ -391,14 +392,14 @@ def per_device_figures(phases: list[Phase], buckets: int, stack: str, world_size
     varied-shapes term), over the blocks the model load left cached that the step cannot reuse
     (`stranded_bytes`: plan/analytic/megatron_load.py); the runtime outside the allocator
     (context, and the collective library's buffers when world_size > 1)."""
-    from tunepilot.plan.reserve.core import reserve
+    from tunepilot.plan.reserve.core import held_bytes, reserve
 
     rt = runtime_constants()
     st = rt["stacks"].get(stack, rt["stacks"]["cuda"])
     peak = max(phases, key=lambda p: p.total_bytes)
     allocated = max(peak.total_bytes, load_peak) + workspace_bytes(stack)
     transient = peak.total_bytes - peak.states_bytes
-    held = max(allocated, peak.total_bytes + stranded_bytes + workspace_bytes(stack))
+    held = held_bytes(allocated, peak.total_bytes + workspace_bytes(stack), stranded_bytes)
     reserved = reserve(held, transient, replay_slack_bytes=replay_slack_bytes,
                        varied=varied, expandable=expandable).reserved_bytes
     overhead = st["context_bytes"]

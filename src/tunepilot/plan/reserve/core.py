@@ -52,6 +52,12 @@ def expandable_segments(spec, stack: str) -> bool:
     return asked and bool(st.get("expandable_segments", {}).get("supported", False))
 
 
+def held_bytes(allocated_bytes: int, step_bytes: int, stranded_bytes: int) -> int:
+    """What the reserve is taken over: the allocated peak, or the step with the blocks a model
+    load left cached that it cannot reuse (plan/analytic/megatron_load.py), whichever is more."""
+    return max(allocated_bytes, step_bytes + stranded_bytes)
+
+
 def reserve(allocated_bytes: int, transient_bytes: int, *, replay_slack_bytes: int | None = None,
             varied: bool = False, expandable: bool = False) -> Reserve:
     """The reserved peak for an allocated peak of `allocated_bytes` of which `transient_bytes`

@@ -58,6 +58,7 @@ from tunepilot.plan.analytic.variants import (
 from tunepilot.plan.fit import Planner
 from tunepilot.plan.reserve.core import (
     expandable_segments,
+    held_bytes,
     reserve,
     reserve_note,
     varied_shapes,
@@ -478,9 +479,8 @@ def scaled_planner(traced: MemoryPlan, analytic: MemoryPlan):
         a_peak = max(a.phases, key=lambda p: p.total_bytes)
         transient = int((a_peak.total_bytes - a_peak.states_bytes) * r_act)
         d.allocated_peak_bytes = allocated
-        held = max(allocated, step + d.load_stranded_bytes + workspace)  # megatron_load.py
         d.reserved_peak_bytes = reserve(
-            held, transient, varied=varied_shapes(spec),
+            held_bytes(allocated, step + workspace, d.load_stranded_bytes), transient, varied=varied_shapes(spec),
             expandable=expandable_segments(spec, stack)).reserved_bytes
         d.device_peak_bytes = d.reserved_peak_bytes + d.runtime_overhead_bytes
         return a
