@@ -273,10 +273,8 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     phases = [Phase.of(p["name"], dict(p, collective_buffers=buckets)) for p in phases_in]
     peak = max(phases, key=lambda p: p.total_bytes)
     load_peak = analytic.per_device.load_peak_bytes
-    a = raw.allocator
     expandable = expandable_segments(spec, stack)
-    slack = None if a is None else (a.expandable_reserved_peak_bytes if expandable else
-                                    a.reserved_peak_bytes) - a.allocated_peak_bytes
+    slack, a = replay_slack(spec, raw, expandable)
     per_device = per_device_figures(phases, buckets, stack, N, load_peak,
                                     replay_slack_bytes=slack, varied=varied_shapes(spec),
                                     expandable=expandable,
@@ -308,6 +306,22 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
         plan.trace["trusted"] = verdict
         plan.assumptions.append(verdict["text"])
     return plan
+
+
+def replay_slack(spec: RunSpec, raw: TraceResult, expandable: bool) -> tuple[int | None, object]:
+    """The replay's reserved peak over its allocated peak (None: nothing replayed), and the
+    allocator figures. A DeepSpeed rank steps its own partition, not the single device's whole
+    model: its slack is the replay's without the traced optimizer steps (plan/trace/replay.py
+    rank_step_events)."""
+    a = raw.allocator
+    if a is None:
+        return None, None
+    r = a.rank_step if spec.parallel.strategy == "deepspeed" and a.rank_step else {
+        "reserved_peak_bytes": a.reserved_peak_bytes,
+        "allocated_peak_bytes": a.allocated_peak_bytes,
+        "expandable_reserved_peak_bytes": a.expandable_reserved_peak_bytes}
+    reserved = r["expandable_reserved_peak_bytes"] if expandable else r["reserved_peak_bytes"]
+    return reserved - r["allocated_peak_bytes"], a
 
 
 TRUST_FRACTION = 0.10  # a traced and an analytic peak this far apart: the plan says which it uses

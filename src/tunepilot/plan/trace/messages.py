@@ -50,6 +50,9 @@ class TracedAllocator(_Message):
     num_segments: int
     num_allocations: int
     reserved_by_stream: dict[str, int] = Field(default_factory=dict)
+    # the same replay without the single device's optimizer steps (a DeepSpeed rank's view):
+    # reserved_peak_bytes, allocated_peak_bytes, expandable_reserved_peak_bytes; empty if none
+    rank_step: dict[str, int] = Field(default_factory=dict)
 
 
 class TracedModel(_Message):

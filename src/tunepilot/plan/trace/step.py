@@ -71,6 +71,7 @@ class _Traced:
     train_events: int = 0  # allocation-log entries of the training steps (before validation)
     counts: dict = field(default_factory=dict)  # parameter counts before sharding
     buffer_seqs: set = field(default_factory=set)  # the tracker's records of the buffers
+    optimizer_spans: list = field(default_factory=list)  # allocation-log ranges of the steps
 
 
 def _build_spec(spec: RunSpec, notes: list[str]) -> RunSpec:
@@ -387,7 +388,7 @@ def _trace_generation(t: _Traced, padded: bool) -> None:
 def _optimizer_step(t: _Traced) -> None:
     from tunepilot.training.step import update
 
-    w = t.tracker.open_window("optimizer-step")
+    w, start = t.tracker.open_window("optimizer-step"), len(t.tracker.events or [])
     for p in t.run.state.model.parameters():  # FSDP1 sets flat gradients without the hook
         if p.grad is not None:
             t.tracker.classify(p.grad, "gradients")
@@ -397,6 +398,7 @@ def _optimizer_step(t: _Traced) -> None:
             if isinstance(v, torch.Tensor):
                 t.tracker.classify(v, "optimizer")
     t.losses.clear()
+    t.optimizer_spans.append((start, len(t.tracker.events or [])))
     t.tracker.close_window(w)
 
 
@@ -525,7 +527,7 @@ def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str
                         f"{transformers.__version__}, torch {torch.__version__}, 2 optimizer "
                         "steps, peak of step 2; attention " + attention.split(":")[0])
     out.update(model=info, allocator=replayed(t.tracker, t.spec, t.run.model, t.train_events,
-                                         t.buffer_seqs), world_size=spec.parallel.world_size,
+                                         t.buffer_seqs, t.optimizer_spans), world_size=spec.parallel.world_size,
                strategy=spec.parallel.strategy,
                fsdp_version=spec.parallel.fsdp_version if is_sharded(spec) else None,
                child_wall_s=round(time.perf_counter() - t0, 2),
