@@ -92,3 +92,52 @@ def test_text_data_without_packing_has_varied_shapes():
     assert varied_shapes(spec_from_dict(dict(base, data={"source": "tiny-text"})))
     assert not varied_shapes(spec_from_dict(dict(base, data={"source": "tiny-text",
                                                              "packing": True})))
+
+
+def _stepped_log() -> tuple[list, list]:
+    """Step 1's activation, its optimizer step (a foreach AdamW's two model-sized temporaries
+    and a kept state), then step 2's activation: the log and the optimizer step's span."""
+    log = [[1, 1, 150 * MIB, 0], [-1, 1, 0, 0]]
+    start = len(log)
+    log += [[1, 2, 100 * MIB, 0], [1, 3, 100 * MIB, 0], [1, 4, 10 * MIB, 0],
+            [-1, 2, 0, 0], [-1, 3, 0, 0]]
+    span = (start, len(log))
+    log += [[1, 5, 150 * MIB, 0], [-1, 5, 0, 0]]
+    return log, [span]
+
+
+def test_a_deepspeed_rank_replays_the_step_without_the_single_devices_optimizer_step():
+    from tunepilot.plan.trace.replay import rank_step_events
+
+    log, spans = _stepped_log()
+    whole = replay(log)
+    # the temporaries' segments stay cached beside the activation's
+    assert whole.reserved_peak_bytes - whole.allocated_peak_bytes >= 150 * MIB
+    rank = replay(rank_step_events(log, spans))
+    assert [e[1] for e in rank_step_events(log, spans)] == [1, 1, 5, 5]
+    assert rank.reserved_peak_bytes - rank.allocated_peak_bytes == 0
+
+
+def test_the_traced_plans_slack_is_the_rank_steps_only_under_deepspeed():
+    from types import SimpleNamespace
+
+    from tunepilot.plan.trace.core import replay_slack
+    from tunepilot.plan.trace.messages import TracedAllocator
+
+    a = TracedAllocator(reserved_peak_bytes=350 * MIB, allocated_peak_bytes=200 * MIB,
+                        training_reserved_peak_bytes=350 * MIB,
+                        training_allocated_peak_bytes=200 * MIB,
+                        expandable_reserved_peak_bytes=210 * MIB, num_segments=4,
+                        num_allocations=5,
+                        rank_step={"reserved_peak_bytes": 160 * MIB,
+                                   "allocated_peak_bytes": 150 * MIB,
+                                   "expandable_reserved_peak_bytes": 152 * MIB})
+    raw = SimpleNamespace(allocator=a)
+    model = {"model": {"preset": "tiny"}, "method": {"kind": "full"}}
+    ds = spec_from_dict(dict(model, parallel={"strategy": "deepspeed", "devices": 2,
+                                              "deepspeed": {"stage": 2}}))
+    ddp = spec_from_dict(dict(model, parallel={"strategy": "ddp", "devices": 2}))
+    assert replay_slack(ds, raw, False)[0] == 10 * MIB
+    assert replay_slack(ds, raw, True)[0] == 2 * MIB
+    assert replay_slack(ddp, raw, False)[0] == 150 * MIB  # a DDP rank steps the whole model
+    assert replay_slack(ddp, SimpleNamespace(allocator=None), False) == (None, None)
