@@ -466,3 +466,33 @@ def test_zero3_steps_one_sub_group_at_a_time_temporaries_included():
     # fp32 gradient + one fp32 temporary: 8 B per element of the slice
     assert slice_ == pytest.approx(8 * 10**8, rel=0.05)
     assert whole > 5 * slice_
+
+
+@pytest.mark.parametrize("par", [{"strategy": "deepspeed", "deepspeed": {"stage": 3}},
+                                 {"strategy": "fsdp"}])
+def test_qlora_quantization_constants_stay_whole_on_every_rank(par):
+    from tunepilot.plan.analytic.states import nf4_constants_bytes
+
+    def weights(n):
+        spec, plan = _plan(dict(par, devices=n), "qlora")
+        return spec, plan.per_device.weights_bytes
+
+    spec, w8 = weights(8)
+    w2 = weights(2)[1]
+    consts = nf4_constants_bytes(spec, resolve_arch(spec))
+    assert consts > 10 * 2**20  # 1/64 B per quantized weight and the nested constants
+    # weights(N) = sharded / N + what is whole: the constants (and ZeRO-3's persistent norms)
+    whole = w8 - (w2 - w8) / 3
+    assert consts - 2**10 < whole < consts + 2**20
+
+
+def test_zero3_qlora_loads_the_whole_quantized_model_on_every_rank():
+    def load(kind, n):
+        par = {"strategy": "deepspeed", "devices": n, "deepspeed": {"stage": 3}}
+        return _plan(par, kind)[1].per_device.load_peak_bytes
+
+    # zero.Init partitions a 16-bit model as it is built: more ranks, less loaded on each
+    assert load("lora", 8) < load("lora", 2)
+    # a quantized model is built without it and moved to the device whole before stage 3
+    # partitions it: the whole 4-bit model on every rank, however many
+    assert load("qlora", 8) == load("qlora", 2) > 2 * 2**30 // 3

@@ -428,7 +428,10 @@ def _load_peak(spec: RunSpec, counts: ParamCounts, s: States, largest_weight: in
     or meta-device loading, as the FSDP recipes do: a unit materialised, flattened or chunked,
     sharded): the shards loaded so far - none on the device with CPU offload - plus two copies
     of the largest unit (a decoder layer or the root's embeddings and lm_head). ZeRO-0/1/2 (and
-    ZeRO-3 without zero3_init) load the whole model on every rank, in the engine's dtype."""
+    ZeRO-3 without zero3_init) load the whole model on every rank, in the engine's dtype; so does
+    ZeRO-3 under QLoRA: transformers builds a quantized model without deepspeed.zero.Init
+    (modeling_utils: `is_deepspeed_zero3_enabled() and not is_quantized`) and DeepSpeed's engine
+    moves the whole module to the device before stage 3 partitions it."""
     stored = s.frozen_bytes + s.trainable_bytes
     par = spec.parallel
     if par.strategy == "deepspeed":
@@ -437,6 +440,8 @@ def _load_peak(spec: RunSpec, counts: ParamCounts, s: States, largest_weight: in
         ds = par.deepspeed
         if ds.stage < 3 or not ds.zero3_init:
             return stored + 2 * largest_weight
+        if spec.method.kind == "qlora":  # quantized weight by weight, then moved whole
+            return stored
     if shard > 1:
         root = counts.embedding + counts.lm_head
         per_param = stored / max(counts.total, 1)

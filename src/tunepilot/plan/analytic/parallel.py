@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from tunepilot.errors import SpecError
 from tunepilot.model.arch import Arch, ParamCounts, expert_slice, tensor_slice
 from tunepilot.model.shard import FSDP_UNSHARDED_LAYERS
-from tunepilot.plan.analytic.states import States
+from tunepilot.plan.analytic.states import States, nf4_constants_bytes
 from tunepilot.results.plan import ParamSplit
 from tunepilot.spec import RunSpec
 from tunepilot.units import fmt_bytes
@@ -183,6 +183,8 @@ def parallelize(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
 def _fsdp(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, cb: int, N: int
           ) -> States:
     par = spec.parallel
+    consts = nf4_constants_bytes(spec, arch)
+    s.weights -= consts
     if par.expert > 1:  # the rank's experts shard over the N / expert ranks that hold them
         from tunepilot.plan.analytic.moe import expert_fractions, sharded_with_experts
 
@@ -208,7 +210,16 @@ def _fsdp(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, cb: int, N:
         host = s.weights + s.master + s.grads + s.optim
         s.weights = s.master = s.optim = s.grads = s.optim_temp = 0
         s.notes.append(offload_note(host))
+    if consts:
+        s.weights += consts
+        s.notes.append(constants_note(consts))
     return s
+
+
+def constants_note(consts: int) -> str:
+    return (f"QLoRA's quantization constants ({fmt_bytes(consts)}: bitsandbytes' QuantState, "
+            "an attribute of each 4-bit weight, not a parameter) are whole on every rank: "
+            "neither FSDP nor ZeRO-3 shards or offloads them")
 
 
 def offload_note(host_bytes: int) -> str:
@@ -256,8 +267,9 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
     else:
         s.buckets = bucket
     notes = [_engine_words(spec, s, grads, t, bf16_optimizer)]
+    consts = nf4_constants_bytes(spec, arch) if stage == 3 else 0
     if stage == 3:
-        weights, gathered = _zero3_weights(spec, arch, counts, weights, params, N)
+        weights, gathered = _zero3_weights(spec, arch, counts, weights - consts, params, N)
         s.unsharded = gathered
         notes.append(f"ZeRO-3: up to {fmt_bytes(gathered)} of gathered 16-bit parameters while "
                      "it computes (stage3_max_live_parameters, the layers reused within "
@@ -278,7 +290,9 @@ def zero_states(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, param
         notes.append(f"offload_param {ds.offload_param}: the 16-bit parameter partitions in "
                      "host memory; only the gathered and the persistent ones on the device")
         weights = min(weights, persistent)
-    s.weights, s.master, s.grads, s.optim = weights, master, grads, optim
+    if consts:
+        notes.append(constants_note(consts))
+    s.weights, s.master, s.grads, s.optim = weights + consts, master, grads, optim
     s.optim_temp = temp + step_grads
     s.host = host
     s.notes += notes

@@ -87,6 +87,21 @@ def frozen_bytes(spec: RunSpec, arch: Arch, params: ParamSplit, counts: ParamCou
             + DTYPE_BYTES[spec.frozen_base_dtype] * (counts.total - quant))
 
 
+def nf4_constants_bytes(spec: RunSpec, arch: Arch) -> int:
+    """QLoRA's quantization constants (bitsandbytes' QuantState: the absmax, and the nested
+    constants under double quantization). They are attributes of each Params4bit, not
+    parameters, so neither FSDP nor ZeRO-3 shards them: every rank holds them whole."""
+    if spec.method.kind != "qlora":
+        return 0
+    m = spec.method
+    quant = sum(x.in_features * x.out_features * x.count_per_layer * x.layers
+                for x in linear_modules(arch) if x.peft_kind == "module")
+    if m.quantize_lm_head and not arch.tied_embeddings:
+        quant += arch.vocab_size * arch.hidden_size
+    return int(quant * (NF4_DQ_ABSMAX_BYTES_PER_PARAM if m.double_quant
+                        else NF4_ABSMAX_BYTES_PER_PARAM))
+
+
 def model_states(spec: RunSpec, arch: Arch, stack: str, params: ParamSplit,
                   counts: ParamCounts) -> States:
     """Weights, master weights, gradients and optimizer state of the unsharded model."""
