@@ -40,9 +40,6 @@ HF_ADAMW = {"name": "adamw", "impl": "foreach"}
 # DeepSpeed's FusedAdam (a ds_config "optimizer" block: ms-swift's zero2/zero3.json before
 # e471074f, 2024-12-26) and Megatron's fused Adam: no step temporary
 FUSED_ADAMW = {"name": "adamw", "impl": "fused"}
-# accelerate's DeepSpeed plugin through the HF integration (PEFT's ZeRO-3 example): auto buckets
-HF_Z3 = {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-         "stage3_param_persistence_threshold": "auto"}
 SWIFT_LORA = {"kind": "lora", "lora_rank": 8, "lora_alpha": 32, "lora_targets": "all-linear"}
 SWIFT = {"precision": "bf16-mixed", "activation_checkpointing": "full", "optimizer": HF_ADAMW}
 MEGATRON = {"model_implementation": "megatron", "optimizer": FUSED_ADAMW}
@@ -65,6 +62,10 @@ PE_LORA = {"kind": "lora", "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.1
 # PEFT's docs of 2024-02-26 / 2024-03-13 ran a transformers before 4.46 (4.38 was the newest
 # release then): the forward upcast the logits to fp32 in its output (HF Trainer drops it)
 PE_HF = {"model_transformers_version": "4.38"}
+# PEFT's DeepSpeed runs: accelerate's deepspeed_config.yaml (no json) builds a ds config of the
+# stage and offload devices only (accelerate DeepSpeedPlugin), no bucket key set to 'auto':
+# DeepSpeed's defaults (reduce 5e8, prefetch 5e7, persistence 1e5, max live 1e9)
+PE_Z3 = {"stage": 3}
 TT = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 8192,
       "micro_batch_size": 2, "activation_checkpointing": "selective-op",
       "optimizer": {"name": "adamw", "impl": "fused"}, "model_implementation": "torchtitan"}
@@ -200,13 +201,13 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                 micro_batch_size=8, gradient_accumulation_steps=4,
                                 optimizer={"name": "adamw"}, kernels=FLASH,
                                 parallel={"strategy": "deepspeed", "devices": 8,
-                                          "deepspeed": HF_Z3}), []),
+                                          "deepspeed": PE_Z3}), []),
     "pe2": ("llama-2-70b", dict(SWIFT, **PE_HF, method=dict(PE_LORA, kind="qlora", double_quant=True,
                                                    quant_storage="bf16"),
                                 sequence_length=2048, micro_batch_size=2,
                                 gradient_accumulation_steps=2, optimizer={"name": "adamw"},
                                 kernels=FLASH, parallel={"strategy": "deepspeed", "devices": 2,
-                                                         "deepspeed": HF_Z3}), []),
+                                                         "deepspeed": PE_Z3}), []),
     "pe3": ("llama-2-70b", dict(**PE_HF, method=dict(PE_LORA, kind="qlora", double_quant=True,
                                             quant_storage="bf16", adapter_dtype="bf16"),
                                 precision="bf16-true", activation_checkpointing="full",
