@@ -145,3 +145,22 @@ def test_lora_on_fused_moe_experts_saves_the_merged_weights_as_the_analytic_plan
     assert traced == pytest.approx(analytic, rel=0.02)
     per_layer = 2 * (4 * 64 * 256 + 4 * 128 * 64)  # the merged gate_up and down, bf16
     assert analytic > 2 * per_layer
+
+
+@pytest.mark.slow
+def test_liger_materialises_the_logits_in_validation_cut_cross_entropy_does_not():
+    """Liger's lce_forward fuses only while training; in eval mode it computes the logits and
+    the model's own loss (their fp32 upcast and log-softmax). CCE fuses in eval too."""
+    def validation_temporary(kernels):
+        spec = spec_from_dict(dict(TINY, **FULL, kernels=kernels))
+        raw = trace_step(spec, resolve_model_config(spec), "cuda", fake=True)
+        traced = next(p for p in raw.phases if p.name == "validation")
+        planned = next(p for p in analytic_plan(spec, resolve_arch(spec), "cuda").phases
+                       if p.name == "validation")
+        return spec, traced.temporary_bytes, planned.temporary_bytes
+
+    spec, liger_t, liger_a = validation_temporary({"liger": LIGER})
+    fp32_logits = 4 * resolve_arch(spec).vocab_size * spec.batch.positions_per_micro_batch
+    assert liger_t >= 2 * fp32_logits and liger_a >= 2 * fp32_logits  # upcast + log-softmax
+    _, cce_t, cce_a = validation_temporary({"cut_cross_entropy": True})
+    assert cce_t < fp32_logits and cce_a < fp32_logits

@@ -221,6 +221,7 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: States, cb: int, sb: int) ->
     rows = spec.validation_micro_batch_size * spec.objective.sequences_per_sample
     tokens = rows * spec.sequence_length
     mlp = no_grad_layer_bytes(arch, cb, tokens)
+    spec = variants.validation_spec(spec)  # Liger fuses its loss only while training
     log_softmax, _ = logits_bytes(arch, spec, cb, tokens)
     if variants.loss_bytes(arch, spec, cb, sb, tokens) is not None:
         log_softmax = 0  # a loss kernel keeps nothing without gradients

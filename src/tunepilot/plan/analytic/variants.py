@@ -114,6 +114,18 @@ def loss_kernel(spec: RunSpec) -> str | None:
     return "liger_cross_entropy" if "cross_entropy" in spec.kernels.liger else None
 
 
+def validation_spec(spec: RunSpec) -> RunSpec:
+    """The spec the validation pass computes its loss with. Liger's patched CausalLM forward
+    fuses the loss only while training (lce_forward: `if self.training and labels is not None`;
+    else "if in inference mode materialize logits" and the model's own loss_function): a
+    validation pass holds the logits, their fp32 upcast and the log-softmax. Cut Cross-Entropy
+    (use_lce: not train_only) and Unsloth keep theirs."""
+    if spec.kernels.fused_loss != "liger_fused_linear_cross_entropy":
+        return spec
+    liger = [k for k in spec.kernels.liger if k != "fused_linear_cross_entropy"]
+    return spec.with_changes(kernels=dict(spec.kernels.model_dump(), liger=liger))
+
+
 def liger_chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
     """Liger's fused linear cross-entropy chunk: next_pow2(ceil(tokens / ceil(V / h))), at most
     every token (ops/fused_linear_cross_entropy.py, chunk_mem_const 1)."""

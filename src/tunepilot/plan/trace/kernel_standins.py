@@ -433,8 +433,15 @@ def _decoder(causal_lm: torch.nn.Module) -> torch.nn.Module:
 def _fused_loss_forward(self, input_ids=None, attention_mask=None, labels=None,
                         num_items_in_batch=None, position_ids=None, **_kwargs):
     """The patched CausalLM forward (as Liger's lce_forward and CCE's patch): the decoder, then
-    the loss from the hidden states and lm_head's weight, without logits."""
+    the loss from the hidden states and lm_head's weight, without logits. Liger's fuses only
+    while training: in eval mode it materialises the logits and calls the model's own loss
+    (plan/analytic/variants.validation_spec), so a validation pass runs the unpatched forward."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    if self._tunepilot_loss == "liger_fused_linear_cross_entropy" and not self.training:
+        return self._tunepilot_plain_forward(
+            input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+            num_items_in_batch=num_items_in_batch, position_ids=position_ids)
 
     hidden = _decoder(self)(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids).last_hidden_state  # (b, s, h)
@@ -478,7 +485,7 @@ def apply_kernel_standins(model: torch.nn.Module, spec, arch, notes: list[str]) 
             swapped += 1
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if loss in ("liger_fused_linear_cross_entropy", "cut_cross_entropy", "unsloth"):
-        base._tunepilot_loss = loss
+        base._tunepilot_loss, base._tunepilot_plain_forward = loss, base.forward
         base.forward = types.MethodType(_fused_loss_forward, base)
         swapped += 1
     elif loss == "liger_cross_entropy":
