@@ -30,13 +30,15 @@ LIGER = ["rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"]
 # (transformers 4.44, the newest release when the charts were added in 2024-08: the forward's
 # fp32 logits; Liger's fused loss computes none)
 _V444 = {"transformers_version": "4.44"}
-_E2E = {"model": {"preset": "llama-3-8b", **_V444},
+# Liger's scripts (examples/huggingface run_*.sh) leave eval_strategy at "no": no validation pass
+_NO_EVAL = {"validation": {"enabled": False}}
+_E2E = {"model": {"preset": "llama-3-8b", **_V444}, **_NO_EVAL,
         "method": {"kind": "full"}, "precision": "bf16-mixed",
         "micro_batch_size": 8, "activation_checkpointing": "full",
         "parallel": {"strategy": "fsdp", "devices": 8, "fsdp_version": 1}}
 # Liger examples/huggingface: Alpaca, max_seq_length 512, bf16 weights, gradient checkpointing,
 # FSDP1 on 4 A100s, batch 32; per-step max_memory_allocated (MB = 2^20 B)
-_HF = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 512,
+_HF = {**_NO_EVAL, "method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 512,
        "micro_batch_size": 32, "activation_checkpointing": "full",
        "parallel": {"strategy": "fsdp", "devices": 4, "fsdp_version": 1}}
 # PEFT MetaMathQA: Llama-3.2-3B, bf16 weights without autocast (fp32 adapters), batch 4,

@@ -80,8 +80,10 @@ EXPANDABLE = {"allocator": {"expandable_segments": True}}
 # modules, gpt-oss's training path, axolotl's linearized Llama 4 experts)
 LOOP = {"implementation": "eager"}
 # shisa-ai's Qwen3-30B-A3B SFT on 8 x MI300X: axolotl, DeepSpeed zero3_bf16.json (no live or
-# reused parameters kept: stage3_max_live_parameters / max_reuse_distance 0), packed 8192
+# reused parameters kept: stage3_max_live_parameters / max_reuse_distance 0), packed 8192;
+# val_set_size 0: no validation pass
 SHISA = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 8192,
+         "validation": {"enabled": False},
          "activation_checkpointing": "full", "optimizer": {"name": "adamw_8bit_torchao"},
          "kernels": LIGER,
          "parallel": {"strategy": "deepspeed", "devices": 8,
