@@ -164,3 +164,17 @@ def test_liger_materialises_the_logits_in_validation_cut_cross_entropy_does_not(
     assert liger_t >= 2 * fp32_logits and liger_a >= 2 * fp32_logits  # upcast + log-softmax
     _, cce_t, cce_a = validation_temporary({"cut_cross_entropy": True})
     assert cce_t < fp32_logits and cce_a < fp32_logits
+
+
+def test_a_plan_whose_liger_validation_sets_the_peak_says_why_and_what_to_change():
+    from tunepilot.plan.analytic.core import LIGER_VALIDATION_NOTE
+
+    fields = {"model": {"preset": "llama-3.2-1b"}, "method": {"kind": "full"},
+              "sequence_length": 4096, "micro_batch_size": 8, "activation_checkpointing": "full",
+              "kernels": {"liger": LIGER}}
+    spec = spec_from_dict(fields)
+    plan = analytic_plan(spec, resolve_arch(spec))
+    assert plan.peak_phase == "validation" and LIGER_VALIDATION_NOTE in plan.assumptions
+    spec = spec_from_dict(dict(fields, validation={"micro_batch_size": 1}))
+    plan = analytic_plan(spec, resolve_arch(spec))
+    assert plan.peak_phase != "validation" and LIGER_VALIDATION_NOTE not in plan.assumptions

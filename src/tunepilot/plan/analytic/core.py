@@ -273,6 +273,8 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
         load_peak, stranded = _load_peak(spec, counts, s, largest, shard), 0
     peak = max(phases, key=lambda p: p.total_bytes)
     notes = s.notes + _notes(spec, arch, stack, load_peak > peak.total_bytes)
+    if peak.name == "validation" and variants.validation_spec(step) is not step:
+        notes.append(LIGER_VALIDATION_NOTE)
     notes.append(reserve_note(varied_shapes(spec), replayed=False, expandable=expandable,
                               asked_unsupported=stack if spec.allocator.expandable_segments
                               and not expandable else None))
@@ -290,6 +292,12 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
         strategy=spec.parallel.strategy, stack=stack, assumptions=notes)
 
 
+LIGER_VALIDATION_NOTE = (
+    "the validation pass sets the peak: Liger fuses its loss only while training - in eval "
+    "mode its forward materialises the logits and the model's loss upcasts them to fp32; lower "
+    "validation.micro_batch_size (per_device_eval_batch_size) or set validation.enabled: false")
+
+
 def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[str]:
     notes = []
     if spec.gradient_accumulation_steps > 1:
@@ -300,6 +308,10 @@ def _notes(spec: RunSpec, arch: Arch, stack: str, load_sets_peak: bool) -> list[
                if spec.model.implementation == "megatron" else
                "bf16 base loaded before quantization: method.quantize_on_load: false"
                if spec.method.kind == "qlora" and not spec.method.quantize_on_load else
+               "transformers builds a quantized model without deepspeed.zero.Init, so "
+               "DeepSpeed's engine moves the whole 4-bit model to every rank before ZeRO-3 "
+               "partitions it" if spec.method.kind == "qlora" and
+               spec.parallel.strategy == "deepspeed" and spec.parallel.deepspeed.stage == 3 else
                "the weights as they load - the whole model on every rank, or a unit at a "
                "time under FSDP and ZeRO-3 - and a second copy of the largest tensor or unit")
         notes.append(f"loading the model sets the peak, not the training step ({why})")
