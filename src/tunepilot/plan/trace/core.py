@@ -43,6 +43,7 @@ from pathlib import Path
 
 from tunepilot.model.arch import Arch, resolve_model_config
 from tunepilot.plan.analytic.core import (
+    LIGER_VALIDATION_NOTE,
     analytic_plan,
     lever_notes,
     offload_note,
@@ -53,6 +54,7 @@ from tunepilot.plan.analytic.variants import (
     in_use,
     kernel_notes,
     offloads_activations,
+    validation_spec,
     without_offload,
 )
 from tunepilot.plan.fit import Planner
@@ -282,6 +284,8 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     if load_peak > peak.total_bytes:
         notes.append("loading the model sets the peak, not the training step (load peak from "
                      "the analytic plan; loading is not traced)")
+    elif peak.name == "validation" and validation_spec(spec) is not spec:
+        notes.append(LIGER_VALIDATION_NOTE)
     notes.append(reserve_note(varied_shapes(spec), replayed=a is not None,
                               expandable=expandable,
                               asked_unsupported=stack if spec.allocator.expandable_segments
