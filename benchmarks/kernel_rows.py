@@ -30,8 +30,9 @@ LIGER = ["rope", "rms_norm", "swiglu", "fused_linear_cross_entropy"]
 # (transformers 4.44, the newest release when the charts were added in 2024-08: the forward's
 # fp32 logits; Liger's fused loss computes none)
 _V444 = {"transformers_version": "4.44"}
-# Liger's scripts (examples/huggingface run_*.sh) leave eval_strategy at "no": no validation pass
-_NO_EVAL = {"validation": {"enabled": False}}
+# Liger's scripts (examples/huggingface run_*.sh) leave eval_strategy at "no" (no validation
+# pass) and set save_strategy "no" (no checkpoint while training)
+_NO_EVAL = {"validation": {"enabled": False}, "checkpoint": {"state_dict": "none"}}
 _E2E = {"model": {"preset": "llama-3-8b", **_V444}, **_NO_EVAL,
         "method": {"kind": "full"}, "precision": "bf16-mixed",
         "micro_batch_size": 8, "activation_checkpointing": "full",

@@ -131,8 +131,11 @@ AA_LORA = {"lora_rank": 64, "lora_alpha": 16, "lora_dropout": 0.1, "adapter_dtyp
 # `output = model(...)`, `loss = output.loss`, `loss.backward()`, ..., `output = None`), and
 # the benchmarks ran a transformers before 4.46 (the post is dated 2024-05-03, when 4.40 was
 # the newest release; 4.46 came on 2024-10-24): the forward's fp32 logits sit in that output.
+# It saves (save_model, after the measured epochs) with FULL_STATE_DICT, offload_to_cpu and
+# rank0_only (train.py): checkpoint.state_dict full
 AA = {"precision": "bf16-true", "activation_checkpointing": "full", "sequence_length": 2048,
       "parallel": {"strategy": "fsdp", "devices": 2, "fsdp_version": 1},
+      "checkpoint": {"state_dict": "full"},
       "loop_keeps_output": "through-backward", "model_transformers_version": "4.40"}
 AA_Q = {"kind": "qlora", **AA_LORA, "double_quant": True, "quant_storage": "bf16"}
 AA_L = {"kind": "lora", **AA_LORA}
@@ -141,7 +144,9 @@ AA_OFF = {"strategy": "fsdp", "devices": 2, "fsdp_version": 1, "cpu_offload": Tr
 # AdamW, gradient checkpointing, FSDP1 on 8 GPUs, batch 8
 # (the chart was added on 2024-08-13, when transformers 4.44 was the newest release: its
 # forward upcast the logits to fp32 in the output, which HF Trainer drops before the backward)
+# (run_llama.sh: --save_strategy "no" - no checkpoint while it trains)
 LG = {"method": {"kind": "full"}, "precision": "bf16-mixed", "micro_batch_size": 8,
+      "checkpoint": {"state_dict": "none"},
       "activation_checkpointing": "full", "model_transformers_version": "4.44",
       "parallel": {"strategy": "fsdp", "devices": 8, "fsdp_version": 1}}
 ROWS.update({

@@ -109,3 +109,31 @@ def test_fsdp1_init_is_replayed_unit_by_unit_before_the_step():
     assert sum(e[0] for e in events if e[1] < 0) == 0  # every whole copy is freed again
     assert not fsdp1_init_events(t.run.model, t.tracker, offload=True)[1]  # shards on the host
     release_fake_process_group()
+
+
+def _save(p):
+    return next((ph for ph in p.phases if ph.name == "checkpoint-save"), None)
+
+
+def test_an_fsdp1_sharded_save_clones_the_ranks_shard_on_the_device():
+    from tunepilot.plan.analytic.states import nf4_constants_bytes
+
+    fsdp1 = dict(FSDP, fsdp_version=1)
+    spec, p = plan(parallel=fsdp1)
+    step = next(ph for ph in p.phases if ph.is_optimizer)
+    save = _save(p)
+    # every parameter's local chunk cloned beside the resident shard: more than the shard again
+    consts = nf4_constants_bytes(spec, Arch.from_config(load_preset("llama-2-7b")))
+    shard = step.weights_bytes - consts  # (QLoRA's quantization constants are not sharded)
+    assert save is not None and save.temporary_bytes > shard
+    assert save.weights_bytes == step.weights_bytes and save.gradients_bytes == 0
+    # CPU offload: the shard lives on the host, yet its clones are made on the device
+    _, off = plan(parallel=dict(fsdp1, cpu_offload=True))
+    assert _save(off).temporary_bytes == save.temporary_bytes
+    assert _save(off).weights_bytes == consts
+    assert any(n.startswith("checkpoint save (FSDP1") for n in off.assumptions)
+    # rank 0 to the CPU a unit at a time, no save, FSDP2's in-place shards: no such phase
+    for p2 in (plan(parallel=fsdp1, checkpoint={"state_dict": "full"})[1],
+               plan(parallel=fsdp1, checkpoint={"state_dict": "none"})[1],
+               plan(parallel=FSDP)[1]):
+        assert _save(p2) is None

@@ -201,6 +201,7 @@ class ValidationSpec(_Strict):
 
 class CheckpointSpec(_Strict):
     every_steps: int = Field(default=1000, gt=0, le=10**12)
+    state_dict: Literal["sharded", "full", "none"] = "sharded"  # FSDP1's save (plan: README)
     dir: str = Field(default="checkpoints", min_length=1, max_length=4096)
 
     @field_validator("dir")
@@ -499,14 +500,16 @@ class RunSpec(_Strict):
     def spec_hash(self) -> str:
         """SHA-256 of the spec's canonical JSON (all resolved fields, without the label and
         the host section, which does not change the training step; the moe block,
-        loop_keeps_output and model.transformers_version only where set, so specs written
-        before them keep their hash)."""
+        loop_keeps_output, model.transformers_version and checkpoint.state_dict only where set,
+        so specs written before them keep their hash)."""
         data = self.model_dump(mode="json", exclude={"name", "host"} | (
             {"moe"} if self.moe.is_default else set()))
         if self.loop_keeps_output == "none":
             del data["loop_keeps_output"]
         if self.model.transformers_version is None:
             del data["model"]["transformers_version"]
+        if self.checkpoint.state_dict == "sharded":
+            del data["checkpoint"]["state_dict"]
         blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

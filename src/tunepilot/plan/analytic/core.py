@@ -51,6 +51,7 @@ from tunepilot.plan.reserve.core import expandable_segments, reserve_note, varie
 from tunepilot.resources import runtime_constants
 from tunepilot.results.plan import MemoryPlan, ParamSplit, PerDevice, Phase
 from tunepilot.spec import RunSpec
+from tunepilot.units import fmt_bytes
 
 __all__ = ["CHUNKED_LOSS_TOKENS", "analytic_plan", "offload_note", "per_device_figures",
            "runtime_constants", "split_params", "state_bytes", "task_counts"]
@@ -171,6 +172,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
                    s.buckets),
         Phase.make("optimizer-step", *states, grads, s.optim, out, optim_temp, s.buckets),
         *([_validation_phase(spec, arch, s, cb, sb)] if spec.validation.enabled else []),
+        *([checkpoint_phase(spec, s)] if checkpoint_phase(spec, s) else []),
     ]
     phases = objective_phases(spec, arch, phases, states=(*states, acc_grads, s.optim),
                               saved_and_kept=saved + casts_fwd + logits_kept, no_grad=no_grad,
@@ -236,6 +238,31 @@ def _validation_phase(spec: RunSpec, arch: Arch, s: States, cb: int, sb: int) ->
                       s.buckets)
 
 
+def checkpoint_phase(spec: RunSpec, s: States) -> Phase | None:
+    """FSDP1's sharded checkpoint save (checkpoint.state_dict: sharded - torch's default
+    ShardedStateDictConfig, as DCP's get_state_dict and HF Trainer's SHARDED_STATE_DICT use
+    it): each unit is unsharded on the device in turn and every parameter's local chunk cloned
+    there (torch/distributed/fsdp/_shard_utils.py: `chunks[rank].clone()`; "Setting
+    offload_to_cpu here does not work") until the state dict is written - the rank's whole
+    shard again, beside the resident states (CPU-offloaded ones too), with the root and a
+    layer unsharded. FSDP2 and DeepSpeed save their shards in place."""
+    par = spec.parallel
+    if par.strategy != "fsdp" or par.fsdp_version != 1 or par.state_shards <= 1 or \
+            spec.checkpoint.state_dict != "sharded":
+        return None
+    return Phase.make("checkpoint-save", s.weights, s.master, 0, s.optim, 0,
+                      s.checkpoint_bytes, s.buckets)
+
+
+def checkpoint_note(clone_bytes: int, sets_peak: bool) -> str:
+    return (f"checkpoint save (FSDP1, checkpoint.state_dict: sharded): {fmt_bytes(clone_bytes)} "
+            "on the device while the state dict is built - each parameter's local chunk cloned "
+            "there (torch's ShardedStateDictConfig ignores offload_to_cpu while it builds), the "
+            "root and a layer unsharded" + ("; it sets the run's peak - checkpoint.state_dict: "
+                                            "full (rank 0 to the CPU a unit at a time) avoids it"
+                                            if sets_peak else ""))
+
+
 def _rank_states(spec: RunSpec, arch: Arch, stack: str):
     """(the rank's view, its parameters, counts and states after the parallel strategy)."""
     view = rank_view(spec, arch)
@@ -275,6 +302,9 @@ def analytic_plan(spec: RunSpec, arch: Arch, stack: str = "cuda") -> MemoryPlan:
     notes = s.notes + _notes(spec, arch, stack, load_peak > peak.total_bytes)
     if peak.name == "validation" and variants.validation_spec(step) is not step:
         notes.append(LIGER_VALIDATION_NOTE)
+    ck = next((p for p in phases if p.name == "checkpoint-save"), None)
+    if ck is not None:
+        notes.append(checkpoint_note(ck.temporary_bytes, peak is ck))
     notes.append(reserve_note(varied_shapes(spec), replayed=False, expandable=expandable,
                               asked_unsupported=stack if spec.allocator.expandable_segments
                               and not expandable else None))

@@ -199,6 +199,8 @@ def _fsdp(spec: RunSpec, arch: Arch, s: States, counts: ParamCounts, cb: int, N:
         s.weights, s.master, s.grads, s.optim, s.optim_temp = (
             x // N for x in (s.weights, s.master, s.grads, s.optim, s.optim_temp))
     root = counts.embedding + counts.lm_head
+    shard = s.weights + s.master  # the rank's shard as stored, before any offload
+    s.checkpoint_bytes = shard + cb * root + shard * N * counts.per_layer // max(1, counts.total)
     if par.reshard_after_forward:
         s.unsharded = cb * (FSDP_UNSHARDED_LAYERS * counts.per_layer + root)
         what = "2 layers + root"

@@ -61,6 +61,8 @@ class States:
     # the gradients live in a buffer allocated once and kept through every phase (Megatron's
     # main-grad buffer, ZeRO-3's gradient partition, DeepSpeed's bf16 optimizer's fp32 buffer)
     grads_persistent: bool = False
+    # FSDP1's sharded save: the rank's shard cloned, the root and one layer unsharded
+    checkpoint_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
 

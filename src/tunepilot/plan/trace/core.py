@@ -45,6 +45,7 @@ from tunepilot.model.arch import Arch, resolve_model_config
 from tunepilot.plan.analytic.core import (
     LIGER_VALIDATION_NOTE,
     analytic_plan,
+    checkpoint_note,
     lever_notes,
     offload_note,
     per_device_figures,
@@ -273,6 +274,7 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     dp = spec.parallel.replicas
     sharded = strategy == "fsdp" and dp > 1
     phases = [Phase.of(p["name"], dict(p, collective_buffers=buckets)) for p in phases_in]
+    phases += _checkpoint_on_trace(phases, analytic, buckets, notes)
     peak = max(phases, key=lambda p: p.total_bytes)
     load_peak = analytic.per_device.load_peak_bytes
     expandable = expandable_segments(spec, stack)
@@ -310,6 +312,20 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
         plan.trace["trusted"] = verdict
         plan.assumptions.append(verdict["text"])
     return plan
+
+
+def _checkpoint_on_trace(phases: list[Phase], analytic: MemoryPlan, buckets: int,
+                         notes: list[str]) -> list[Phase]:
+    """FSDP1's sharded checkpoint save (not traced): the analytic plan's clones and unsharded
+    units beside the traced states between steps."""
+    ck = next((p for p in analytic.phases if p.name == "checkpoint-save"), None)
+    if ck is None:
+        return []
+    st = next((p for p in phases if p.is_optimizer), phases[-1])
+    notes.append("MODELLED: " + checkpoint_note(ck.temporary_bytes, False) + " (the save is "
+                 "not traced: the analytic plan's clones beside the traced states)")
+    return [Phase.make("checkpoint-save", st.weights_bytes, st.master_weights_bytes, 0,
+                       st.optimizer_bytes, 0, ck.temporary_bytes, buckets)]
 
 
 def replay_slack(spec: RunSpec, raw: TraceResult, expandable: bool) -> tuple[int | None, object]:
