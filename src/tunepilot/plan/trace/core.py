@@ -68,7 +68,7 @@ from tunepilot.plan.reserve.core import (
 )
 from tunepilot.plan.trace.messages import TracedPhase, TraceJob, TraceResult
 from tunepilot.proc.child import ChildFailed, run_child
-from tunepilot.results.plan import TRACED_COMPONENTS, MemoryPlan, ParamSplit, Phase
+from tunepilot.results.plan import TRACED_COMPONENTS, MemoryPlan, ParamSplit, PerDevice, Phase
 from tunepilot.spec import RunSpec
 
 # Environment knob (tests and benchmarks; not a user flag).
@@ -279,10 +279,20 @@ def traced_plan_from(spec: RunSpec, raw: TraceResult, analytic: MemoryPlan, stac
     load_peak = analytic.per_device.load_peak_bytes
     expandable = expandable_segments(spec, stack)
     slack, a = replay_slack(spec, raw, expandable)
-    per_device = per_device_figures(phases, buckets, stack, N, load_peak,
-                                    replay_slack_bytes=slack, varied=varied_shapes(spec),
-                                    expandable=expandable,
-                                    stranded_bytes=analytic.per_device.load_stranded_bytes)
+
+    def figures(ph: list[Phase], slack_bytes: int | None) -> PerDevice:
+        return per_device_figures(ph, buckets, stack, N, load_peak,
+                                  replay_slack_bytes=slack_bytes, varied=varied_shapes(spec),
+                                  expandable=expandable,
+                                  stranded_bytes=analytic.per_device.load_stranded_bytes)
+
+    per_device = figures(phases, slack)
+    if peak.name == "checkpoint-save":  # not traced: its reserve by the analytic rule, or the
+        per_device = figures(phases, None)  # traced step's replayed one where that is larger
+        step = figures([p for p in phases if p is not peak], slack)
+        if step.reserved_peak_bytes > per_device.reserved_peak_bytes:
+            per_device = per_device.model_copy(update={
+                k: getattr(step, k) for k in ("reserved_peak_bytes", "device_peak_bytes")})
     if load_peak > peak.total_bytes:
         notes.append("loading the model sets the peak, not the training step (load peak from "
                      "the analytic plan; loading is not traced)")
