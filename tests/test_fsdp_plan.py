@@ -137,3 +137,24 @@ def test_an_fsdp1_sharded_save_clones_the_ranks_shard_on_the_device():
                plan(parallel=fsdp1, checkpoint={"state_dict": "none"})[1],
                plan(parallel=FSDP)[1]):
         assert _save(p2) is None
+
+
+@pytest.mark.slow
+def test_the_traced_plan_carries_the_fsdp1_save_beside_its_traced_states():
+    pytest.importorskip("transformers")
+    from tunepilot.model.arch import resolve_arch, resolve_model_config
+    from tunepilot.plan.trace.core import traced_plan_from
+    from tunepilot.plan.trace.step import trace_step
+
+    s = spec_from_dict({"model": {"preset": "tiny"}, "method": {"kind": "full"},
+                        "sequence_length": 64, "micro_batch_size": 2,
+                        "parallel": dict(FSDP, fsdp_version=1)})
+    arch = resolve_arch(s)
+    analytic = analytic_plan(s, arch)
+    traced = traced_plan_from(s, trace_step(s, resolve_model_config(s), "cuda"), analytic,
+                              "cuda", arch)
+    save, want = _save(traced), _save(analytic)
+    step = next(p for p in traced.phases if p.is_optimizer)
+    assert save.temporary_bytes == want.temporary_bytes  # the analytic plan's clones
+    assert save.weights_bytes == step.weights_bytes  # beside the traced states
+    assert any(n.startswith("MODELLED: checkpoint save") for n in traced.assumptions)
