@@ -109,3 +109,8 @@ def test_an_unknown_attention_implementation_is_refused_with_the_choices(tmp_pat
                    "attn_implementation: paged_magic\n")
     with pytest.raises(UserError, match="paged_magic"):
         import_config(cfg, options=ImportOptions(synthetic_data=True))
+
+
+def test_the_fsdp_configs_state_dict_type_and_save_strategy_say_how_checkpoints_build():
+    _, spec = imported("axolotl-liger-fsdp.yml")  # fsdp_state_dict_type: FULL_STATE_DICT
+    assert spec.checkpoint.state_dict == "full"

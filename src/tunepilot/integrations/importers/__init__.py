@@ -218,6 +218,7 @@ def _schedule(m: Mapper) -> None:
         if not math.isfinite(n) or n < least or n != int(n) or n > 10**12:
             m.fail(key, f"is {value!r}: it must be a whole number from {least} to 10^12.")
         m.set(dotted, int(n), key)
+    _fsdp_save(m)
     evaluates = _evaluation(m)
     for key, steps_key, dotted in (
             ("save_strategy", "save_steps", "checkpoint.every_steps"),
@@ -231,6 +232,20 @@ def _schedule(m: Mapper) -> None:
         if (per_epoch and not m.has(steps_key)) or str(value).lower() in ("no", "epoch"):
             m.note(f"{key} {value!r}: planned with {dotted} (a pass every so many steps); set "
                    "it from your run's steps per epoch")
+
+
+def _fsdp_save(m: Mapper) -> None:
+    """How an FSDP1 run's checkpoints build their state dict (checkpoint.state_dict): the
+    fsdp_config's state_dict_type (SHARDED_STATE_DICT clones each rank's chunks on the device,
+    FULL_STATE_DICT gathers to rank 0's CPU), none when the run saves nothing."""
+    conf = m.raw.get("fsdp_config")
+    kind = conf.get("fsdp_state_dict_type", conf.get("state_dict_type")) \
+        if isinstance(conf, dict) else None
+    if kind is not None:
+        m.set("checkpoint.state_dict", "full" if "FULL" in str(kind).upper() else "sharded",
+              "fsdp_config")
+    if str(m.raw.get("save_strategy", "")).lower() == "no":
+        m.set("checkpoint.state_dict", "none", "save_strategy")
 
 
 def _unplanned(m: Mapper) -> None:
