@@ -172,7 +172,7 @@ def _timeline(spec: RunSpec, arch: Arch, s: States) -> tuple[list[Phase], int]:
                    s.buckets),
         Phase.make("optimizer-step", *states, grads, s.optim, out, optim_temp, s.buckets),
         *([_validation_phase(spec, arch, s, cb, sb)] if spec.validation.enabled else []),
-        *([checkpoint_phase(spec, s)] if checkpoint_phase(spec, s) else []),
+        *filter(None, [checkpoint_phase(spec, s)]),
     ]
     phases = objective_phases(spec, arch, phases, states=(*states, acc_grads, s.optim),
                               saved_and_kept=saved + casts_fwd + logits_kept, no_grad=no_grad,
@@ -255,10 +255,10 @@ def checkpoint_phase(spec: RunSpec, s: States) -> Phase | None:
 
 
 def checkpoint_note(clone_bytes: int, sets_peak: bool) -> str:
-    return (f"checkpoint save (FSDP1, checkpoint.state_dict: sharded): {fmt_bytes(clone_bytes)} "
-            "on the device while the state dict is built - each parameter's local chunk cloned "
-            "there (torch's ShardedStateDictConfig ignores offload_to_cpu while it builds), the "
-            "root and a layer unsharded" + ("; it sets the run's peak - checkpoint.state_dict: "
+    return (f"checkpoint save: FSDP1's sharded state dict holds {fmt_bytes(clone_bytes)} on the "
+            "device while it builds (checkpoint.state_dict sharded) - each parameter's local "
+            "chunk cloned there (torch's ShardedStateDictConfig ignores offload_to_cpu while it "
+            "builds), the root and a layer unsharded" + ("; it sets the run's peak - checkpoint.state_dict: "
                                             "full (rank 0 to the CPU a unit at a time) avoids it"
                                             if sets_peak else ""))
 

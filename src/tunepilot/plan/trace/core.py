@@ -332,8 +332,8 @@ def _checkpoint_on_trace(phases: list[Phase], analytic: MemoryPlan, buckets: int
     if ck is None:
         return []
     st = next((p for p in phases if p.is_optimizer), phases[-1])
-    notes.append("MODELLED: " + checkpoint_note(ck.temporary_bytes, False) + " (the save is "
-                 "not traced: the analytic plan's clones beside the traced states)")
+    notes.append(checkpoint_note(ck.temporary_bytes, False) + " (MODELLED, not traced: the "
+                 "analytic plan's clones beside the traced states)")
     return [Phase.make("checkpoint-save", st.weights_bytes, st.master_weights_bytes, 0,
                        st.optimizer_bytes, 0, ck.temporary_bytes, buckets)]
 
