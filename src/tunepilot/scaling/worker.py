@@ -56,7 +56,7 @@ def sample_fingerprints(batch: dict, rows_per_sample: int = 1) -> list[str]:
 
     ids, labels = batch["input_ids"], batch["labels"]
     mask = batch["attention_mask"].bool() if "attention_mask" in batch else \
-        torch.ones_like(ids, dtype=torch.bool)  # packed rows: the row is the unit
+        packed_mask(ids, labels, batch.get("position_ids"))  # packed rows: the row is the unit
     samples = ids.shape[0] // rows_per_sample
     out = []
     for b in range(samples):
@@ -65,6 +65,28 @@ def sample_fingerprints(batch: dict, rows_per_sample: int = 1) -> list[str]:
             "input_ids": torch.cat([ids[r, mask[r]] for r in rows])[None],
             "labels": torch.cat([labels[r, mask[r]] for r in rows])[None]}))
     return out
+
+
+def packed_mask(ids, labels, positions):
+    """The real tokens of packed rows, which carry no attention mask: a row shorter than its
+    batch's longest is padded as one more position run (dataset/loader.collate) of one token
+    id with ignored labels - left out, so a row's fingerprint does not depend on the rows it
+    was batched with."""
+    import torch
+
+    from tunepilot.dataset import IGNORE_INDEX
+
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    if positions is None:
+        return mask
+    for r in range(ids.shape[0]):
+        starts = (positions[r] == 0).nonzero()
+        start = int(starts[-1]) if len(starts) else 0
+        tail_ids, tail_labels = ids[r, start:], labels[r, start:]
+        if start > 0 and bool((tail_labels == IGNORE_INDEX).all()) and \
+                bool((tail_ids == tail_ids[0]).all()):
+            mask[r, start:] = False
+    return mask
 
 
 class CommTimer:
