@@ -112,7 +112,7 @@ def trace_in_child(spec: RunSpec, config: dict, stack: str, *,
     timeout = float(timeout_s or os.environ.get(ENV_TIMEOUT) or DEFAULT_TIMEOUT_S)
     target, config = trace_target(spec, config, Arch.from_config(config))
     job = TraceJob(spec=bf16_stand_in(target).model_dump(mode="json"), config=config,
-                   stack=stack)
+                   stack=stack, rank_step=spec.parallel.strategy == "deepspeed")
     try:
         return run_child("tunepilot.plan.trace.step", job, TraceResult, timeout_s=timeout,
                          what="the trace process")

@@ -16,6 +16,7 @@ class TraceJob(_Message):
     spec: dict[str, Any]
     config: dict[str, Any]
     stack: str
+    rank_step: bool = False  # also replay without the optimizer steps (DeepSpeed's rank)
 
 
 class TracedPhase(_Message):

@@ -487,19 +487,20 @@ def _validation_pass(t: _Traced, mask) -> None:
 
 
 def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
-               device: str = "cpu") -> TraceResult:
+               device: str = "cpu", rank_step: bool = False) -> TraceResult:
     """Two optimizer steps of the spec under a StorageTracker; the peaks of step 2, by phase.
     `fake=False` runs it on real tensors on `device` (the fake-vs-real test on the CPU; the GPU
-    check on CUDA, which also records the caching allocator's own peak of step 2)."""
+    check on CUDA, which also records the caching allocator's own peak of step 2). `rank_step`:
+    also replay the log without the optimizer steps (a DeepSpeed rank's, replay.py)."""
     try:
-        return _trace_step(spec, config, stack, fake, device)
+        return _trace_step(spec, config, stack, fake, device, rank_step)
     finally:
         if is_sharded(spec):
             release_fake_process_group()
 
 
-def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str
-                ) -> TraceResult:
+def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str,
+                rank_step: bool = False) -> TraceResult:
     import transformers
 
     t0 = time.perf_counter()
@@ -527,7 +528,7 @@ def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str
                         f"{transformers.__version__}, torch {torch.__version__}, 2 optimizer "
                         "steps, peak of step 2; attention " + attention.split(":")[0])
     out.update(model=info, allocator=replayed(t.tracker, t.spec, t.run.model, t.train_events,
-                                         t.buffer_seqs, t.optimizer_spans), world_size=spec.parallel.world_size,
+                                         t.buffer_seqs, t.optimizer_spans if rank_step else ()), world_size=spec.parallel.world_size,
                strategy=spec.parallel.strategy,
                fsdp_version=spec.parallel.fsdp_version if is_sharded(spec) else None,
                child_wall_s=round(time.perf_counter() - t0, 2),
@@ -589,7 +590,8 @@ def attention_path(tracker: StorageTracker) -> tuple[str, str]:
 
 def handle(job: TraceJob) -> TraceResult:
     """The child's work: trace the job's spec on fake tensors."""
-    return trace_step(RunSpec.model_validate(job.spec), job.config, job.stack, fake=True)
+    return trace_step(RunSpec.model_validate(job.spec), job.config, job.stack, fake=True,
+                      rank_step=job.rank_step)
 
 
 if __name__ == "__main__":
