@@ -38,7 +38,7 @@ from memory_rows_2026 import (  # noqa: E402 - benchmarks/ is on sys.path when r
     WHY_2026,
 )
 from tunepilot.model.arch import Arch
-from tunepilot.plan.analytic.core import analytic_plan, runtime_constants
+from tunepilot.plan.analytic.core import analytic_plan
 from tunepilot.plan.reserve.core import reserved_on_card
 from tunepilot.spec import spec_from_dict
 
@@ -238,12 +238,13 @@ def plan_row(model: str, fields: dict):
 
 def on_card(row_id: str, key: str, figures: dict) -> int:
     """The planned figure `key`; a reserved peak on a card it would fill is capped at what the
-    card leaves the allocator (plan/reserve/core.py reserved_on_card)."""
+    card leaves the allocator (plan/reserve/core.py reserved_on_card): the card less what the
+    plan holds outside the allocator (the runtime context and, with more than one rank, the
+    collectives' buffers, which NCCL/RCCL allocate with cudaMalloc/hipMalloc themselves)."""
     got = figures[key]
     if key == "reserved_peak_bytes" and row_id in CARD_BYTES:
-        stack = STACK_2026.get(row_id, "cuda")
-        usable = CARD_BYTES[row_id] - runtime_constants()["stacks"][stack]["context_bytes"]
-        got = reserved_on_card(got, figures["allocated_peak_bytes"], usable)
+        outside = figures["device_peak_bytes"] - figures["reserved_peak_bytes"]
+        got = reserved_on_card(got, figures["allocated_peak_bytes"], CARD_BYTES[row_id] - outside)
     return got
 
 

@@ -78,3 +78,23 @@ def test_an_open_sample_length_explains_only_a_plan_above_the_figure():
     assert not pa.open_setting_explains(dict(row, e=-0.12), "e")  # the longest is still low
     assert pa.open_setting_explains({"unmodelled": ["the vision tower"], "e": -0.2}, "e")
     assert not pa.open_setting_explains({"unmodelled": [], "e": +0.2}, "e")
+
+
+def test_a_reserve_on_a_full_card_is_capped_at_what_the_allocator_can_get():
+    """A card's reserve stops at the card less what lives outside the caching allocator (the
+    context and the collectives' buffers: device peak - reserved), not at the card less the
+    context alone; a step whose allocated peak does not fit is left as planned."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import plan_accuracy as pa
+    finally:
+        sys.path.pop(0)
+    gib = 2**30
+    card = pa.CARD_BYTES["aa6"]
+    figures = {"allocated_peak_bytes": 18 * gib, "reserved_peak_bytes": 30 * gib,
+               "device_peak_bytes": 30 * gib + 5 * gib // 4}
+    assert pa.on_card("aa6", "reserved_peak_bytes", figures) == card - 5 * gib // 4
+    assert pa.on_card("aa6", "allocated_peak_bytes", figures) == 18 * gib
+    assert pa.on_card("aa1", "reserved_peak_bytes", figures) == 30 * gib  # no card named
+    big = dict(figures, allocated_peak_bytes=card)
+    assert pa.on_card("aa6", "reserved_peak_bytes", big) == 30 * gib
