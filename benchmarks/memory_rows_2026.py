@@ -70,6 +70,18 @@ TT = {"method": {"kind": "full"}, "precision": "bf16-mixed", "sequence_length": 
       "micro_batch_size": 2, "activation_checkpointing": "selective-op",
       "optimizer": {"name": "adamw", "impl": "fused"}, "model_implementation": "torchtitan"}
 MAX_LEN = "peak sample length not published (planned at max_length 2048)"
+# ms-swift's dataset table (docs/source_en/Instruction/Supported-models-and-datasets.md @3602360a,
+# 'Statistic (token)': each dataset encoded with Qwen2.5-7B-Instruct's template by
+# scripts/utils/run_dataset_info.py): swift/self-cognition 108 rows, 58.9+-20.3, min=32, max=131;
+# AI-ModelScope/alpaca-gpt4-data-en 52,002 rows, 167.6+-123.9, max=607; alpaca-gpt4-data-zh 48,818
+# rows, 157.2+-93.2, max=544. A draw of '#1000' from self-cognition's 108 rows takes every row,
+# its longest included; a draw of '#500' from alpaca may stop short of the set's longest.
+SELF_COGNITION_MAX = 131
+ALPACA_MAX = 607
+DATA_MAX = ("peak sample length not published: planned at the longest sample of its datasets "
+            "(ms-swift's dataset table: alpaca-gpt4-data-en, 607 tokens), which its 500-row "
+            "draws may not reach")
+LENGTH_BOUNDS = (MAX_LEN, DATA_MAX)  # planned at an upper bound of the run's longest sample
 # The Megatron scripts whose figure first appeared with PYTORCH_CUDA_ALLOC_CONF=
 # 'expandable_segments:True' in the same file (ms-swift ea766ff5, 2025-07-10: lora/dense.sh and
 # lora/moe.sh). ms5's figure (base_to_chat.sh, 9d297f99, 2025-03-21) and ms8's
@@ -134,22 +146,27 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                   kernels=FLASH, **MEGATRON,
                                   parallel={"strategy": "ddp", "devices": 2, "expert": 2}),
             [MAX_LEN]),
+    # Megatron-SWIFT pads a batch to its longest sample, rounded up to the TP size (2)
     "ms10": ("qwen2.5-7b", dict(SWIFT, **EXPANDABLE, method={"kind": "full"}, micro_batch_size=16,
-                                kernels=FLASH, **MEGATRON,
+                                sequence_length=ALPACA_MAX + 1, kernels=FLASH, **MEGATRON,
                                 parallel={"strategy": "deepspeed", "devices": 2, "tensor": 2,
                                           "sequence_parallel": True,
-                                          "deepspeed": {"stage": 1}}), [MAX_LEN]),
-    "ms11": ("qwen2.5-7b", dict(SWIFT, **EXPANDABLE, method=SWIFT_LORA, micro_batch_size=16, kernels=FLASH,
-                                **MEGATRON,
+                                          "deepspeed": {"stage": 1}}), [DATA_MAX]),
+    "ms11": ("qwen2.5-7b", dict(SWIFT, **EXPANDABLE, method=SWIFT_LORA, micro_batch_size=16,
+                                sequence_length=ALPACA_MAX + 1, kernels=FLASH, **MEGATRON,
                                 parallel={"strategy": "ddp", "devices": 2, "tensor": 2,
-                                          "sequence_parallel": True}), [MAX_LEN]),
+                                          "sequence_parallel": True}), [DATA_MAX]),
     "ms12": ("qwen2.5-7b", dict(SWIFT, method=SWIFT_LORA, optimizer=FUSED_ADAMW,
+                                sequence_length=SELF_COGNITION_MAX,
                                 parallel={"strategy": "deepspeed", "devices": 2,
-                                          "deepspeed": SWIFT_Z2}), [MAX_LEN]),
+                                          "deepspeed": SWIFT_Z2}), []),
     "ms13": ("qwen2.5-7b", dict(SWIFT, method=SWIFT_LORA, optimizer=FUSED_ADAMW,
+                                sequence_length=SELF_COGNITION_MAX,
                                 parallel={"strategy": "deepspeed", "devices": 2,
-                                          "deepspeed": SWIFT_Z3}), [MAX_LEN]),
-    "ms14": ("gpt-oss-20b", dict(SWIFT, method=dict(GPT_OSS_ATTN, lora_alpha=32)), [MAX_LEN]),
+                                          "deepspeed": SWIFT_Z3}), []),
+    # gpt-oss's tokenizer and chat template are not Qwen2.5's: the table's 607 is approximate
+    "ms14": ("gpt-oss-20b", dict(SWIFT, method=dict(GPT_OSS_ATTN, lora_alpha=32),
+                                 sequence_length=ALPACA_MAX), [DATA_MAX]),
     # Apertus's MLP is not gated (xIELU, up/down only): the config's gate_proj matches nothing
     "ax1": ("apertus-8b", dict(AX, method=dict(AX_QLORA, lora_targets=[
         t for t in AX_QLORA["lora_targets"] if t != "gate_proj"]),

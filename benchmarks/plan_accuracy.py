@@ -31,7 +31,7 @@ from pathlib import Path
 from memory_rows_2026 import (  # noqa: E402 - benchmarks/ is on sys.path when run as a script
     CARD_BYTES_2026,
     KIND_2026,
-    MAX_LEN,
+    LENGTH_BOUNDS,
     NOT_PLANNED_2026,
     ROWS_2026,
     STACK_2026,
@@ -303,11 +303,11 @@ def _pct(x: float | None) -> str:
 def open_setting_explains(r: dict, err_key: str) -> bool:
     """Whether the settings a row's source leaves open can explain its miss: only in the
     direction they move the plan. A row planned at the longest sample its source allows
-    (MAX_LEN) is an upper bound - shorter samples explain a plan above the figure, never one
-    below it."""
+    (LENGTH_BOUNDS: max_length, or the longest sample of its datasets) is an upper bound -
+    shorter samples explain a plan above the figure, never one below it."""
     if not r["unmodelled"]:
         return False
-    return not (all(u == MAX_LEN for u in r["unmodelled"]) and r[err_key] < 0)
+    return not (all(u in LENGTH_BOUNDS for u in r["unmodelled"]) and r[err_key] < 0)
 
 
 def summarize(out: list[dict], trace: bool) -> dict:

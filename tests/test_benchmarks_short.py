@@ -73,9 +73,10 @@ def test_an_open_sample_length_explains_only_a_plan_above_the_figure():
         import plan_accuracy as pa
     finally:
         sys.path.pop(0)
-    row = {"unmodelled": [pa.MAX_LEN]}
-    assert pa.open_setting_explains(dict(row, e=+0.13), "e")  # shorter samples: a lower figure
-    assert not pa.open_setting_explains(dict(row, e=-0.12), "e")  # the longest is still low
+    for bound in pa.LENGTH_BOUNDS:  # max_length, or the longest sample of the datasets
+        row = {"unmodelled": [bound]}
+        assert pa.open_setting_explains(dict(row, e=+0.13), "e")  # shorter samples: lower
+        assert not pa.open_setting_explains(dict(row, e=-0.12), "e")  # the longest is low
     assert pa.open_setting_explains({"unmodelled": ["the vision tower"], "e": -0.2}, "e")
     assert not pa.open_setting_explains({"unmodelled": [], "e": +0.2}, "e")
 
