@@ -258,9 +258,13 @@ NOT_PLANNED_2026 = {
 KIND_2026: dict[str, tuple[str, int]] = {
     **dict.fromkeys(("ms1", "ms2", "ms3", "ms4", "ms14", "ax7", "ax8", "ax9"),
                     ("reserved_peak_bytes", 2**30)),
-    **dict.fromkeys(("ms5", "ms6", "ms8", "ms9", "ms10", "ms11", "ms12", "ms13", "ax1", "ax2",
-                     "ax3", "ax4", "ax5", "ax6", "tt1", "tt2", "tt3"),
-                    ("reserved_peak_bytes", 2**30)),
+    **dict.fromkeys(("ms6", "ms12", "ms13", "ax1", "ax2", "ax3", "ax4", "ax5", "ax6", "tt1",
+                     "tt2", "tt3"), ("reserved_peak_bytes", 2**30)),
+    # Megatron-SWIFT logged no memory before 5a59dceab (2025-07-31: memory(GiB) =
+    # max_memory_reserved in swift/megatron/init.py); Megatron's own report_memory prints MB once,
+    # after the first iteration. A GiB figure written before then (ms5 2025-03-21, ms8
+    # 2025-06-30, ms9-ms11 2025-07-10) is read as the device's, as nvidia-smi shows it.
+    **dict.fromkeys(("ms5", "ms8", "ms9", "ms10", "ms11"), ("device_peak_bytes", 2**30)),
     **dict.fromkeys(("pe1", "pe2", "pe3", "pe4"), ("device_peak_bytes", 2**30)),
     **dict.fromkeys(("sh1", "sh2", "sh3"), ("device_peak_bytes", 2**30)),
 }
