@@ -40,7 +40,10 @@ HF_ADAMW = {"name": "adamw", "impl": "foreach"}
 # DeepSpeed's FusedAdam (a ds_config "optimizer" block: ms-swift's zero2/zero3.json before
 # e471074f, 2024-12-26) and Megatron's fused Adam: no step temporary
 FUSED_ADAMW = {"name": "adamw", "impl": "fused"}
-SWIFT_LORA = {"kind": "lora", "lora_rank": 8, "lora_alpha": 32, "lora_targets": "all-linear"}
+# ms-swift's LoRA defaults to lora_dropout 0.05 (swift/llm/argument/tuner_args.py @7ef82cde5,
+# swift/arguments/tuner_args.py and megatron_args.py @3602360a); its scripts do not set it
+SWIFT_LORA = {"kind": "lora", "lora_rank": 8, "lora_alpha": 32, "lora_dropout": 0.05,
+              "lora_targets": "all-linear"}
 SWIFT = {"precision": "bf16-mixed", "activation_checkpointing": "full", "optimizer": HF_ADAMW}
 MEGATRON = {"model_implementation": "megatron", "optimizer": FUSED_ADAMW}
 FLASH = {"attention": "flash-attention-2"}
@@ -165,7 +168,7 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                 parallel={"strategy": "deepspeed", "devices": 2,
                                           "deepspeed": SWIFT_Z3}), []),
     # gpt-oss's tokenizer and chat template are not Qwen2.5's: the table's 607 is approximate
-    "ms14": ("gpt-oss-20b", dict(SWIFT, method=dict(GPT_OSS_ATTN, lora_alpha=32),
+    "ms14": ("gpt-oss-20b", dict(SWIFT, method=dict(GPT_OSS_ATTN, lora_alpha=32, lora_dropout=0.05),
                                  sequence_length=ALPACA_MAX), [DATA_MAX]),
     # Apertus's MLP is not gated (xIELU, up/down only): the config's gate_proj matches nothing
     "ax1": ("apertus-8b", dict(AX, method=dict(AX_QLORA, lora_targets=[
@@ -279,6 +282,12 @@ CARD_BYTES_2026 = dict.fromkeys(("ms4", "ms6"), 81920 << 20)
 
 # Why a row stays outside +-10% (the traced plan): filled from the run's output and sources.
 WHY_2026: dict[str, str] = {
+    "ms12": "not DeepSpeed's: the comment's session (ms-swift 7ef82cde5, 2024-11-25) wrote "
+            "'17.2GiB' for the single-GPU LoRA of the same model and data, 2.2 GiB above its "
+            "bf16 weights, logits and LoRA states, and ZeRO-2 adds 0.8 GiB to that - the plan's "
+            "0.75 GiB of reduce buckets; the same session's DDP LoRA ('27.5GiB * 2') and packing "
+            "('17.2GiB' at 8,192 tokens, where the fp32 logits alone are 4.6 GiB) figures cannot "
+            "be right, so the 2.2 GiB is the session's, not a term any code path was found to hold",
     "ax2": "the figure's run cannot be the commit's own: at axolotl 372f664 (which added the "
            "'about 11.3 GiB' line) the pinned Cut Cross-Entropy fork (ml-cross-entropy 242b245) "
            "calls patch_olmo3 with an argument it does not take - a TypeError before the model "
