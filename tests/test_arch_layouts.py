@@ -346,3 +346,40 @@ def test_plan_refuses_an_unknown_layout_naming_the_key_with_exit_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "'model_type'" in proc.stderr and "jamba" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_lora_dropout_on_fused_experts_is_refused_as_peft_refuses_it_unless_megatron(tmp_path):
+    """PEFT's adapter on a raw parameter (lora.ParamWrapper: transformers 5's fused experts,
+    which 'all-linear' reaches) refuses lora_dropout: a PEFT spec gets the field and the fix;
+    Megatron's LoRA drops out every input, so its stand-in keeps the modules' dropout."""
+    pytest.importorskip("peft")
+    import json
+
+    from peft.tuners.lora.layer import LoraLayer, ParamWrapper
+
+    from tunepilot.errors import UserError
+    from tunepilot.model.build import build_meta_model
+    from tunepilot.spec import spec_from_dict
+
+    cfg = layout_config("qwen3_moe")
+    path = tmp_path / "moe.json"
+    path.write_text(json.dumps(cfg))
+
+    def built(impl):
+        spec = spec_from_dict({"model": {"config": str(path), "implementation": impl},
+                               "method": {"kind": "lora", "lora_rank": 8, "lora_dropout": 0.05,
+                                          "lora_targets": "all-linear"}})
+        return build_meta_model(spec, config=cfg)
+
+    with pytest.raises(UserError) as err:
+        built("transformers")
+    assert err.value.field == "method.lora_dropout" and "lora_dropout: 0" in err.value.hint
+    model = built("megatron")
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    wrapped = [m for m in layers if isinstance(m, ParamWrapper)]
+    assert wrapped and len(wrapped) < len(layers)  # the experts, and the linear modules
+    for m in layers:
+        dropout = m.lora_dropout["default"]
+        assert isinstance(dropout, torch.nn.Dropout) != isinstance(m, ParamWrapper)
+        if isinstance(dropout, torch.nn.Dropout):
+            assert dropout.p == 0.05

@@ -218,7 +218,12 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
     params = expert_parameters(model, targets)  # LoRA on raw parameters: fused MoE experts
     if params:
         targets = [t for t in targets if t not in params]
-    cfg = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+    # Megatron's LoRA drops out every target's input, fused experts' included; PEFT's adapter on a
+    # raw parameter (lora.ParamWrapper) takes no dropout and refuses the config: the stand-in is
+    # built without and the modules' adapters get theirs after (the experts' copies not traced)
+    later_dropout = m.lora_dropout if spec.model.implementation == "megatron" else 0.0
+    cfg = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha,
+                     lora_dropout=m.lora_dropout - later_dropout,
                      target_modules=targets, bias="none", use_dora=m.dora,
                      target_parameters=[params[t] for t in params] or None,
                      use_rslora=m.rslora, modules_to_save=list(m.modules_to_save) or None,
@@ -228,11 +233,20 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
     try:
         peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=not bf16)
     except ValueError as exc:
+        if "ParamWrapper" in str(exc):  # PEFT's LoRA on fused MoE experts (raw parameters)
+            raise UserError("method.lora_dropout", "PEFT puts LoRA on this model's fused MoE "
+                            "experts as parameters (lora.ParamWrapper), which refuses this "
+                            f"method: {exc} Your PEFT run would stop the same way.",
+                            "Set method.lora_dropout: 0 (and no DoRA), or list "
+                            "method.lora_targets without the experts (e.g. q_proj, k_proj, "
+                            "v_proj, o_proj).") from None
         field = "method.modules_to_save" if m.modules_to_save and "modules_to_save" in str(
             exc) else "method.lora_targets"
         raise UserError(field, f"PEFT cannot apply LoRA to {targets!r}: {exc}",
                         "Use module names of this model (e.g. q_proj, v_proj) or 'all-linear'."
                         ) from None
+    if later_dropout:
+        _dropout_on_module_adapters(peft_model, later_dropout)
     if bf16:
         import torch
 
@@ -245,6 +259,18 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
         keep_lora_output(peft_model, m.lora_qkv_parts)
         fused_qkv_storage(peft_model)
     return peft_model
+
+
+def _dropout_on_module_adapters(peft_model, p: float) -> None:
+    """Dropout of probability `p` on the input of every module adapter (PEFT's LoraLayer, as
+    LoraConfig(lora_dropout=p) builds it), none on the raw-parameter adapters (ParamWrapper)."""
+    import torch
+    from peft.tuners.lora.layer import LoraLayer, ParamWrapper
+
+    for mod in peft_model.modules():
+        if isinstance(mod, LoraLayer) and not isinstance(mod, ParamWrapper):
+            for name in list(mod.lora_dropout.keys()):
+                mod.lora_dropout[name] = torch.nn.Dropout(p=p)
 
 
 def expert_parameters(model, targets) -> dict[str, str]:
