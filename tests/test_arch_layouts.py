@@ -374,6 +374,17 @@ def test_lora_dropout_on_fused_experts_is_refused_as_peft_refuses_it_unless_mega
     with pytest.raises(UserError) as err:
         built("transformers")
     assert err.value.field == "method.lora_dropout" and "lora_dropout: 0" in err.value.hint
+    from tunepilot.model.arch import resolve_arch
+    from tunepilot.plan.analytic.core import analytic_plan
+
+    def refusal_said(impl):  # the analytic plan, which builds nothing, says it too
+        spec = spec_from_dict({"model": {"config": str(path), "implementation": impl},
+                               "method": {"kind": "lora", "lora_rank": 8, "lora_dropout": 0.05,
+                                          "lora_targets": "all-linear"}})
+        plan = analytic_plan(spec, resolve_arch(spec), "cuda")
+        return any("PEFT refuses" in a for a in plan.assumptions)
+
+    assert refusal_said("transformers") and not refusal_said("megatron")
     model = built("megatron")
     layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
     wrapped = [m for m in layers if isinstance(m, ParamWrapper)]

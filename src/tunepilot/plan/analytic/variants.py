@@ -409,6 +409,11 @@ def _adapter_notes(arch: Arch, spec: RunSpec) -> list[str]:
                      "builds W + BA each forward and the grouped matmul saves it - "
                      f"{fmt_bytes(experts)} per layer of merged weights (16-bit), with the routed "
                      "inputs")
+        if (m.lora_dropout or m.dora) and spec.model.implementation != "megatron":
+            notes.append("PEFT's adapter on a raw parameter (lora.ParamWrapper) takes no dropout "
+                         "and no DoRA: PEFT refuses this method, so the run would not start - "
+                         "set method.lora_dropout: 0 (and no DoRA), or list method.lora_targets "
+                         "without the experts")
     if m.is_lora and m.rslora:
         notes.append("rsLoRA: scaling alpha/sqrt(r) instead of alpha/r - no memory or time "
                      "change")
