@@ -149,7 +149,9 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                   kernels=FLASH, **MEGATRON,
                                   parallel={"strategy": "ddp", "devices": 2, "expert": 2}),
             [MAX_LEN]),
-    # Megatron-SWIFT pads a batch to its longest sample, rounded up to the TP size (2)
+    # Megatron-SWIFT (ea766ff5b template/base.py: packing_mode under Megatron) packs a
+    # micro-batch's 16 samples into one padding-free row padded to a multiple of 128: at most
+    # 16 x 607 -> 9,728 tokens, the 16 x 608 planned
     "ms10": ("qwen2.5-7b", dict(SWIFT, **EXPANDABLE, method={"kind": "full"}, micro_batch_size=16,
                                 sequence_length=ALPACA_MAX + 1, kernels=FLASH, **MEGATRON,
                                 parallel={"strategy": "deepspeed", "devices": 2, "tensor": 2,
@@ -168,7 +170,8 @@ ROWS_2026: dict[str, tuple[str, dict, list[str]]] = {
                                 parallel={"strategy": "deepspeed", "devices": 2,
                                           "deepspeed": SWIFT_Z3}), []),
     # gpt-oss's tokenizer and chat template are not Qwen2.5's: the table's 607 is approximate
-    "ms14": ("gpt-oss-20b", dict(SWIFT, method=dict(GPT_OSS_ATTN, lora_alpha=32, lora_dropout=0.05),
+    "ms14": ("gpt-oss-20b", dict(SWIFT, method=dict(GPT_OSS_ATTN, lora_alpha=32,
+                                                    lora_dropout=0.05),
                                  sequence_length=ALPACA_MAX), [DATA_MAX]),
     # Apertus's MLP is not gated (xIELU, up/down only): the config's gate_proj matches nothing
     "ax1": ("apertus-8b", dict(AX, method=dict(AX_QLORA, lora_targets=[

@@ -234,7 +234,8 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
         peft_model = get_peft_model(model, cfg, autocast_adapter_dtype=not bf16)
     except ValueError as exc:
         if "ParamWrapper" in str(exc):  # PEFT's LoRA on fused MoE experts (raw parameters)
-            raise UserError("method.lora_dropout", "PEFT puts LoRA on this model's fused MoE "
+            raise UserError("method.dora" if "use_dora" in str(exc) else "method.lora_dropout",
+                            "PEFT puts LoRA on this model's fused MoE "
                             "experts as parameters (lora.ParamWrapper), which refuses this "
                             f"method: {exc} Your PEFT run would stop the same way.",
                             "Set method.lora_dropout: 0 (and no DoRA), or list "
