@@ -223,7 +223,7 @@ def apply_lora(spec: RunSpec, model: torch.nn.Module) -> torch.nn.Module:
     # built without and the modules' adapters get theirs after (the experts' copies not traced)
     later_dropout = m.lora_dropout if spec.model.implementation == "megatron" else 0.0
     cfg = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha,
-                     lora_dropout=m.lora_dropout - later_dropout,
+                     lora_dropout=0.0 if later_dropout else m.lora_dropout,
                      target_modules=targets, bias="none", use_dora=m.dora,
                      target_parameters=[params[t] for t in params] or None,
                      use_rslora=m.rslora, modules_to_save=list(m.modules_to_save) or None,

@@ -489,9 +489,8 @@ def _validation_pass(t: _Traced, mask) -> None:
 def trace_step(spec: RunSpec, config: dict, stack: str, *, fake: bool = True,
                device: str = "cpu", rank_step: bool = False) -> TraceResult:
     """Two optimizer steps of the spec under a StorageTracker; the peaks of step 2, by phase.
-    `fake=False` runs it on real tensors on `device` (the fake-vs-real test on the CPU; the GPU
-    check on CUDA, which also records the caching allocator's own peak of step 2). `rank_step`:
-    also replay the log without the optimizer steps (a DeepSpeed rank's, replay.py)."""
+    `fake=False`: on real tensors on `device` (the fake-vs-real test; the GPU check, which also
+    records the allocator's peak). `rank_step`: also replay without the optimizer steps."""
     try:
         return _trace_step(spec, config, stack, fake, device, rank_step)
     finally:
@@ -528,7 +527,8 @@ def _trace_step(spec: RunSpec, config: dict, stack: str, fake: bool, device: str
                         f"{transformers.__version__}, torch {torch.__version__}, 2 optimizer "
                         "steps, peak of step 2; attention " + attention.split(":")[0])
     out.update(model=info, allocator=replayed(t.tracker, t.spec, t.run.model, t.train_events,
-                                         t.buffer_seqs, t.optimizer_spans if rank_step else ()), world_size=spec.parallel.world_size,
+                                         t.buffer_seqs, t.optimizer_spans if rank_step else ()),
+               world_size=spec.parallel.world_size,
                strategy=spec.parallel.strategy,
                fsdp_version=spec.parallel.fsdp_version if is_sharded(spec) else None,
                child_wall_s=round(time.perf_counter() - t0, 2),
